@@ -1,0 +1,63 @@
+"""The device mesh ("data", "fsdp") and the sharding rules for state and batches."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from sparse_attn.train.config import TrainConfig
+
+DATA, FSDP = "data", "fsdp"
+BATCH_AXES = (DATA, FSDP)  # the batch is split over both axes; FSDP also shards the state
+
+
+def make_mesh(config: TrainConfig) -> jax.sharding.Mesh:
+    """A 2-D mesh with Auto axes (pjit-style propagation; PLATFORM.md: make_mesh defaults to Explicit)."""
+    devices = jax.devices()
+    if config.num_devices is not None:
+        if config.num_devices > len(devices):
+            raise ValueError(f"num_devices={config.num_devices} but only {len(devices)} devices exist")
+        devices = devices[: config.num_devices]
+    n = len(devices)
+    fsdp = config.mesh_fsdp
+    data = n // fsdp if config.mesh_data == -1 else config.mesh_data
+    if data * fsdp != n:
+        raise ValueError(f"mesh data={data} x fsdp={fsdp} does not use exactly the {n} devices")
+    if config.global_batch % n:
+        raise ValueError(f"global_batch={config.global_batch} is not divisible by {n} devices")
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((data, fsdp), (DATA, FSDP), axis_types=auto, devices=devices)
+
+
+def spec_for_shape(shape: tuple[int, ...], fsdp_size: int) -> P:
+    """FSDP rule: shard the largest axis that `fsdp_size` divides; replicate otherwise.
+
+    A rule of the shape alone, so a parameter and its Adam moments get the same sharding.
+    """
+    if fsdp_size == 1 or not shape:
+        return P()
+    for axis in np.argsort(shape)[::-1]:
+        if shape[axis] % fsdp_size == 0 and shape[axis] >= fsdp_size:
+            spec = [None] * len(shape)
+            spec[axis] = FSDP
+            return P(*spec)
+    return P()
+
+
+def state_shardings(abstract_tree, mesh: jax.sharding.Mesh):
+    """NamedShardings for every leaf of an abstract (ShapeDtypeStruct) tree."""
+    fsdp_size = mesh.shape[FSDP]
+    return jax.tree.map(lambda x: NamedSharding(mesh, spec_for_shape(x.shape, fsdp_size)), abstract_tree)
+
+
+def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def shard_batch(local_batch: dict, mesh: jax.sharding.Mesh) -> dict:
+    """Assemble this process's rows into global arrays sharded over the batch axes."""
+    sharding = batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()
+    }

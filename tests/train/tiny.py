@@ -1,0 +1,107 @@
+"""A tiny causal byte LM and its loss, for exercising the train machinery (not a test file).
+
+Also runnable as a script (subprocess tests: kill/resume, multi-process):
+    python tests/train/tiny.py WORKDIR NUM_STEPS [--coordinator ADDR --num_processes N --process_id I]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+VOCAB = 256
+
+
+class TinyLM(nnx.Module):
+    """Embedding -> causal mean-pool mixing -> MLP -> logits. Small, deterministic, has dropout."""
+
+    def __init__(self, dim: int, *, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, dim, rngs=rngs)
+        self.mix = nnx.Linear(dim, dim, rngs=rngs)
+        self.mlp = nnx.Linear(dim, dim, rngs=rngs)
+        self.drop = nnx.Dropout(0.1, rngs=rngs)
+        self.out = nnx.Linear(dim, VOCAB, rngs=rngs)
+
+    def __call__(self, tokens_BxN):
+        x_BxNxD = self.embed(tokens_BxN)
+        n = tokens_BxN.shape[1]
+        causal_NxN = jnp.tril(jnp.ones((n, n), jnp.float32)) / jnp.arange(1, n + 1, dtype=jnp.float32)[:, None]
+        ctx_BxNxD = jnp.einsum("nm,bmd->bnd", causal_NxN, self.mix(x_BxNxD))
+        h_BxNxD = x_BxNxD + self.drop(jax.nn.gelu(self.mlp(x_BxNxD + ctx_BxNxD)))
+        return self.out(h_BxNxD)
+
+
+def make_model(rngs: nnx.Rngs) -> TinyLM:
+    return TinyLM(32, rngs=rngs)
+
+
+def loss_fn(model, batch, step):
+    del step
+    logits_BxNxV = model(batch["inputs"])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, batch["targets"]).mean()
+    return nll, {"nll": nll}
+
+
+def eval_fn(model, batch):
+    logits_BxNxV = model(batch["inputs"])
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, batch["targets"]).mean()
+    return {"nll": nll, "bits_per_byte": nll / jnp.log(2.0)}
+
+
+def corpus_U8() -> np.ndarray:
+    """Deterministic pseudo-text: a repeated phrase with noise (learnable, no files needed)."""
+    rng = np.random.default_rng(0)
+    text = np.frombuffer(b"the quick brown fox jumps over the lazy dog. " * 200, np.uint8).copy()
+    flip = rng.random(text.size) < 0.05
+    text[flip] = rng.integers(97, 123, flip.sum())
+    return text
+
+
+def config(**overrides):
+    from sparse_attn.train import TrainConfig  # noqa: PLC0415
+
+    base = dict(global_batch=8, seq_len=16, num_steps=6, learning_rate=1e-2, warmup_steps=2,
+                checkpoint_every=2, eval_every=3, eval_batches=2, progress=False)
+    return TrainConfig(**{**base, **overrides})
+
+
+def run(workdir: str, train_config, log=lambda msg: None) -> dict:
+    from sparse_attn.data import RandomWindows, eval_batches  # noqa: PLC0415
+    from sparse_attn.train import train_and_evaluate  # noqa: PLC0415
+
+    data = corpus_U8()
+    kw = dict(global_batch=train_config.global_batch, seq_len=train_config.seq_len,
+              process_index=jax.process_index(), process_count=jax.process_count())
+    return train_and_evaluate(
+        train_config, workdir, make_model=make_model, loss_fn=loss_fn, eval_fn=eval_fn,
+        train_iter=RandomWindows(data, seed=train_config.seed, **kw),
+        eval_batches=lambda: eval_batches(data[:2000], num_batches=train_config.eval_batches, **kw),
+        log=log,
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("workdir")
+    parser.add_argument("num_steps", type=int)
+    parser.add_argument("--checkpoint_every", type=int, default=2)
+    parser.add_argument("--coordinator")
+    parser.add_argument("--num_processes", type=int)
+    parser.add_argument("--process_id", type=int)
+    args = parser.parse_args()
+    if args.coordinator:
+        jax.config.update("jax_num_cpu_devices", 1)
+    from sparse_attn.train import distributed  # noqa: E402
+
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=60)
+    summary = run(args.workdir, config(num_steps=args.num_steps, checkpoint_every=args.checkpoint_every),
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(json.dumps({"process": jax.process_index(), "eval": summary["eval"], "train": summary["train"]}),
+          flush=True)
