@@ -1,0 +1,115 @@
+"""Pre-norm Transformer (RMSNorm, RoPE inside attention, GELU MLP) with pluggable attention per layer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput
+from sparse_attn.modules.pattern_attention import DenseAttention
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Attributes:
+      attention: one attention config for every layer, or a tuple with one per layer (any layer, any mechanism).
+      num_classes: encoder only; size of the classification head.
+    """
+
+    vocab_size: int = 256
+    model_dim: int = 128
+    num_heads: int = 4
+    num_layers: int = 2
+    mlp_dim: int = 512
+    attention: AttentionConfig | tuple[AttentionConfig, ...] = DenseAttention()
+    num_classes: int = 2
+
+    def layer_attention(self) -> tuple[AttentionConfig, ...]:
+        att = self.attention if isinstance(self.attention, tuple) else (self.attention,) * self.num_layers
+        if len(att) != self.num_layers:
+            raise ValueError(f"{len(att)} attention configs for {self.num_layers} layers")
+        return att
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ModelOutput:
+    """logits; aux_loss: sum of every layer's weighted auxiliary losses; stats: per-layer scalars ("layer3/k")."""
+
+    logits: jax.Array
+    aux_loss: jax.Array
+    stats: dict
+
+
+class Block(nnx.Module):
+    def __init__(self, config: TransformerConfig, attention: AttentionConfig, *, rngs: nnx.Rngs):
+        d = config.model_dim
+        self.norm1 = nnx.RMSNorm(d, rngs=rngs)
+        self.attn = attention.make(d, config.num_heads, rngs=rngs)
+        self.norm2 = nnx.RMSNorm(d, rngs=rngs)
+        self.mlp_in = nnx.Linear(d, config.mlp_dim, rngs=rngs)
+        self.mlp_out = nnx.Linear(config.mlp_dim, d, rngs=rngs)
+
+    def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> tuple[jax.Array, AttentionOutput]:
+        att = self.attn(self.norm1(x_BxNxD), ctx)
+        x = x_BxNxD + att.y
+        x = x + self.mlp_out(jax.nn.gelu(self.mlp_in(self.norm2(x))))
+        return x, att
+
+
+class _Trunk(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(config.vocab_size, config.model_dim, rngs=rngs)
+        self.blocks = nnx.List([Block(config, a, rngs=rngs) for a in config.layer_attention()])
+        self.norm = nnx.RMSNorm(config.model_dim, rngs=rngs)
+
+    def trunk(self, tokens_BxN, valid_len_B, step, causal: bool):
+        b, n = tokens_BxN.shape
+        if not jnp.issubdtype(tokens_BxN.dtype, jnp.integer):
+            raise ValueError(f"tokens must be integers, got {tokens_BxN.dtype}")
+        valid_len = jnp.full((b,), n, jnp.int32) if valid_len_B is None else jnp.asarray(valid_len_B, jnp.int32)
+        ctx = AttentionContext(
+            valid_len=valid_len, tokens=tokens_BxN, step=jnp.asarray(step, jnp.int32), causal=causal
+        )
+        x = self.embed(tokens_BxN)
+        aux = jnp.zeros((), jnp.float32)
+        stats = {}
+        for i, block in enumerate(self.blocks):
+            x, att = block(x, ctx)
+            for name, val in att.aux_losses.items():
+                aux = aux + val
+                stats[f"layer{i}/{name}"] = val
+            stats.update({f"layer{i}/{k}": v for k, v in att.stats.items()})
+        return self.norm(x), aux, stats
+
+
+class TransformerLM(_Trunk):
+    """Causal language model: tokens [B, N] -> next-token logits [B, N, vocab]."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        self.head = nnx.Linear(config.model_dim, config.vocab_size, rngs=rngs)
+
+    def __call__(self, tokens_BxN, *, valid_len=None, step=0) -> ModelOutput:
+        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=True)
+        return ModelOutput(logits=self.head(h), aux_loss=aux, stats=stats)
+
+
+class TransformerClassifier(_Trunk):
+    """Bidirectional encoder: tokens [B, N] -> class logits [B, num_classes] from the mean of valid tokens."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        super().__init__(config, rngs=rngs)
+        self.head = nnx.Linear(config.model_dim, config.num_classes, rngs=rngs)
+
+    def __call__(self, tokens_BxN, *, valid_len=None, step=0) -> ModelOutput:
+        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=False)
+        n = tokens_BxN.shape[1]
+        vl = jnp.full((h.shape[0],), n) if valid_len is None else jnp.asarray(valid_len)
+        w_BxN = (jnp.arange(n)[None] < vl[:, None]).astype(h.dtype)
+        pooled = jnp.einsum("bn,bnd->bd", w_BxN, h) / jnp.maximum(w_BxN.sum(-1, keepdims=True), 1.0)
+        return ModelOutput(logits=self.head(pooled), aux_loss=aux, stats=stats)
