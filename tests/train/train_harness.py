@@ -1,13 +1,16 @@
 """A tiny causal byte LM and its loss, for exercising the train machinery (not a test file).
 
 Also runnable as a script (subprocess tests: kill/resume, multi-process):
-    python tests/train/tiny.py WORKDIR NUM_STEPS [--coordinator ADDR --num_processes N --process_id I]
+    python tests/train/train_harness.py WORKDIR NUM_STEPS [--kill_at STEP]
+        [--coordinator ADDR --num_processes N --process_id I]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import jax
@@ -72,16 +75,36 @@ def config(**overrides):
     return TrainConfig(**{**base, **overrides})
 
 
-def run(workdir: str, train_config, log=lambda msg: None) -> dict:
+class KillAt:
+    """Wraps a data iterator; SIGKILLs this process when asked for batch number `step + 1`,
+    i.e. right after the loop started saving the checkpoint of `step`."""
+
+    def __init__(self, it, step: int):
+        self.it, self.kill_step = it, step
+
+    def __next__(self):
+        if self.it.step == self.kill_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return next(self.it)
+
+    def get_state(self):
+        return self.it.get_state()
+
+    def set_state(self, state):
+        self.it.set_state(state)
+
+
+def run(workdir: str, train_config, log=lambda msg: None, loss_fn=loss_fn, kill_at: int | None = None) -> dict:
     from sparse_attn.data import RandomWindows, eval_batches  # noqa: PLC0415
     from sparse_attn.train import train_and_evaluate  # noqa: PLC0415
 
     data = corpus_U8()
     kw = dict(global_batch=train_config.global_batch, seq_len=train_config.seq_len,
               process_index=jax.process_index(), process_count=jax.process_count())
+    train_iter = RandomWindows(data, seed=train_config.seed, **kw)
     return train_and_evaluate(
         train_config, workdir, make_model=make_model, loss_fn=loss_fn, eval_fn=eval_fn,
-        train_iter=RandomWindows(data, seed=train_config.seed, **kw),
+        train_iter=train_iter if kill_at is None else KillAt(train_iter, kill_at),
         eval_batches=lambda: eval_batches(data[:2000], num_batches=train_config.eval_batches, **kw),
         log=log,
     )
@@ -92,6 +115,7 @@ if __name__ == "__main__":
     parser.add_argument("workdir")
     parser.add_argument("num_steps", type=int)
     parser.add_argument("--checkpoint_every", type=int, default=2)
+    parser.add_argument("--kill_at", type=int)
     parser.add_argument("--coordinator")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
@@ -102,6 +126,19 @@ if __name__ == "__main__":
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=60)
     summary = run(args.workdir, config(num_steps=args.num_steps, checkpoint_every=args.checkpoint_every),
-                  log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at)
     print(json.dumps({"process": jax.process_index(), "eval": summary["eval"], "train": summary["train"]}),
           flush=True)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def script_command(*args) -> list[str]:
+    """argv to run this file as a subprocess with the current interpreter."""
+    return [sys.executable, os.path.abspath(__file__), *map(str, args)]
+
+
+def script_env(**extra) -> dict:
+    env = {**os.environ, "PYTHONPATH": REPO, **{k: str(v) for k, v in extra.items()}}
+    return env
