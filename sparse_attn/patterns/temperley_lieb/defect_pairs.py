@@ -1,0 +1,98 @@
+"""The defect-pair construction (math_spec §A4.3) in JAX: close chosen pairs of adjacent unmatched strands.
+
+At each layer the defects (top points on through-strands) d_1 < … < d_p are scored pairwise, a non-adjacent set of
+pairs is chosen by the local-max rule, and each chosen pair (d_j, d_{j+1}) is realised by TL generators: e_x at the
+bottom end x of d_j plus e_r at the right end r of every outermost bottom cup between the two bottom ends. The new
+top cap is exactly (d_j, d_{j+1}); other defects keep their order; T layers nest brackets up to depth T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.patterns.temperley_lieb import diagram_jax, selection
+
+
+def defects(p_2N: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(is_defect bool[n], prev int32[n], next int32[n]): previous / next top defect of each slot (-1 / n: none)."""
+  n = p_2N.shape[0] // 2
+  pos = jnp.arange(n, dtype=jnp.int32)
+  is_def = p_2N[:n] >= n
+  cmin = jax.lax.cummin(jnp.where(is_def, pos, n), reverse=True)  # first defect at or after x
+  nxt = jnp.concatenate([cmin[1:], jnp.full((1,), n, jnp.int32)])
+  cmax = jax.lax.cummax(jnp.where(is_def, pos, -1))  # last defect at or before x
+  prv = jnp.concatenate([jnp.full((1,), -1, jnp.int32), cmax[:-1]])
+  return is_def, prv, nxt
+
+
+def layer_generators(p_2N: jax.Array, sel_top_N: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Generators realising the selected pairs: (gens bool[n], owner int32[n] = top defect of each generator's pair)."""
+  n = p_2N.shape[0] // 2
+  pos = jnp.arange(n, dtype=jnp.int32)
+  is_def = p_2N[:n] >= n
+  bot = jnp.where(is_def, p_2N[:n] - n, n)  # bottom end of each top defect (order preserving)
+  top_of_bot = jnp.full((n,), -1, jnp.int32).at[bot].set(pos, mode="drop")
+  pb = p_2N[n:]
+  is_bdef = pb < n
+  left_end = (pb >= n) & (pb - n > pos)
+  right_end = (pb >= n) & (pb - n < pos)
+  depth = jnp.cumsum(left_end.astype(jnp.int32) - right_end.astype(jnp.int32))
+  outer_right = right_end & (depth == 0)  # cups never enclose a defect, so depth 0 = outermost
+  last_bdef = jax.lax.cummax(jnp.where(is_bdef, pos, -1))
+  owner = jnp.where(last_bdef >= 0, top_of_bot[jnp.maximum(last_bdef, 0)], -1)
+  owner_sel = (owner >= 0) & sel_top_N[jnp.maximum(owner, 0)]
+  gens = owner_sel & (is_bdef | outer_right)
+  return gens, owner
+
+
+def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer: int, tau: float = 0.0):
+  """One routing layer. s_N[x]: score of the pair (x, next defect after x); pairs reaching >= ``limit`` are off.
+
+  Returns (p, creator, loops, gen_score_N, num_generators, num_pairs); generator instance ids are layer * n + x.
+  """
+  n = p_2N.shape[0] // 2
+  is_def, prv, nxt = defects(p_2N)
+  ok = is_def & (nxt < limit)
+  sel = selection.local_max_on_sequence(s_N, ok, prv, nxt, tau)
+  gens, owner = layer_generators(p_2N, sel)
+  gen_score = jnp.where(owner >= 0, s_N[jnp.maximum(owner, 0)], 0.0)
+  ids = layer * n + jnp.arange(n - 1, dtype=jnp.int32)
+  p, c, loops = diagram_jax.apply_layer(p_2N, gens[: n - 1], creator_2N, ids)
+  return p, c, loops, gen_score, jnp.sum(gens, dtype=jnp.int32), jnp.sum(sel, dtype=jnp.int32)
+
+
+def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int, num_layers: int, limit=None,
+                        tau: float = 0.0):
+  """Builds one diagram with ``num_layers`` defect-pair layers.
+
+  Args:
+    score_fn: ``score_fn(t, next_N) -> s_N``, the layer-t score of each pair (x, next_N[x]) (next_N clipped to
+      n-1 where there is none; those entries are ignored).
+    n: points per row (tokens, or 2 * tokens for the doubled TL_{2n}).
+    limit: pairs must end below it (valid length); default n.
+  Returns:
+    dict with p int32[2n], creator int32[2n] (generator ids, -1 for none), gen_scores float[T*n] (score of each
+    generator id), loops, word_length (generators applied), pairs (caps created).
+  """
+  limit = n if limit is None else limit
+  p, c = diagram_jax.identity(n), jnp.full((2 * n,), -1, jnp.int32)
+  loops = word_len = pairs = jnp.zeros((), jnp.int32)
+  gen_scores = []
+  for t in range(num_layers):
+    _, _, nxt = defects(p)
+    s = score_fn(t, jnp.minimum(nxt, n - 1))
+    p, c, lp, gs, ng, npairs = defect_pair_layer(p, c, s, limit, t, tau)
+    loops, word_len, pairs = loops + lp, word_len + ng, pairs + npairs
+    gen_scores.append(gs)
+  return dict(p=p, creator=c, gen_scores=jnp.concatenate(gen_scores), loops=loops, word_length=word_len,
+              pairs=pairs)
+
+
+def creator_gate(creator_2N: jax.Array, gen_scores: jax.Array) -> jax.Array:
+  """float[2n]: ``log σ(score of the generator that created each point's arc)``, 0 where no generator did."""
+  has = creator_2N >= 0
+  s = gen_scores[jnp.maximum(creator_2N, 0)]
+  return jnp.where(has, jax.nn.log_sigmoid(s), 0.0)
