@@ -1,0 +1,76 @@
+"""Per-tile math shared by the Triton and Mosaic kernels (plain jnp on loaded tiles; no refs, no platform calls).
+
+Logits are kept in base 2 (`scale * log2(e)` folded into one multiply, then `exp2`), as FlashAttention does; the
+log-sum-exp leaves the kernels in natural log. Masked logits are -inf and never produce NaN: the running max of
+a row that has seen no key is replaced by 0 before it is subtracted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.kernels.metadata import GLOBAL, VALID
+
+LOG2E = math.log2(math.e)
+NT = (((1,), (1,)), ((), ()))  # a @ b.T
+NN = (((1,), (0,)), ((), ()))
+
+
+def dot(a, b, dims=NN):
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
+def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, causal: bool, transposed: bool):
+    """bool tile of the kernel's element rule.
+
+    Query-side arrays (lo, hi, q_tok, q_labels[w]) and key-side arrays (k_tok, k_labels[w]) come as columns/rows that
+    broadcast to `shape`: [bq, bk] (queries down) or, with `transposed`, [bk, bq] (keys down, for dK/dV).
+    `rand` is a scalar flag (a whole random tile) or None.
+    """
+    qa, ka = (1, 0) if transposed else (0, 1)
+    q_pos = q0 + jax.lax.broadcasted_iota(jnp.int32, shape, qa)
+    k_pos = k0 + jax.lax.broadcasted_iota(jnp.int32, shape, ka)
+    ok = ((lo <= k_pos) & (k_pos <= hi)) | ((k_tok & GLOBAL) != 0)
+    if rand is not None:
+        ok = ok | (rand != 0)
+    ok = ok & ((q_tok & VALID) != 0) & ((k_tok & VALID) != 0)
+    if causal:
+        ok = ok & (k_pos <= q_pos)
+    if q_labels:
+        share = (q_labels[0] & k_labels[0]) != 0
+        for lq, lk in zip(q_labels[1:], k_labels[1:]):
+            share = share | ((lq & lk) != 0)
+        ok = ok & share
+    return ok
+
+
+def online_update(m, l, acc, s2, v, *, masked: bool):
+    """One step of the online softmax on base-2 logits s2 [bq, bk]; m, l: [bq, 1], acc: [bq, D] float32."""
+    m_new = jnp.maximum(m, jnp.max(s2, axis=1, keepdims=True))
+    # A row that has seen no allowed key keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+    m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+    alpha = jnp.exp2(m - m_use)
+    p = jnp.exp2(s2 - m_use)
+    l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+    acc = alpha * acc + dot(p.astype(v.dtype), v)
+    return m_new, l, acc
+
+
+def finalize(m, l, acc):
+    """(out [bq, D] float32, lse [bq, 1] natural log): 0 and -inf on rows with no allowed key."""
+    empty = l == 0.0
+    out = acc / jnp.where(empty, 1.0, l)
+    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) / LOG2E)
+    return out, lse
+
+
+def lse2(lse):
+    """Base-2 lse for recomputing p = exp2(s2 - lse2); +inf on empty rows so that p is 0 there (never NaN)."""
+    return jnp.where(lse == -jnp.inf, jnp.inf, lse * LOG2E)
+
+
+def masked_logits(s, ok):
+    return s if ok is None else jnp.where(ok, s, -jnp.inf)
