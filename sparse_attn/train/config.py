@@ -38,7 +38,7 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 8
     # Host sync period: the CPU runtime deadlocks with too many steps in flight (PLATFORM.md).
-    sync_every: int = 16
+    sync_every: int = 8
     progress: bool = True
     tensorboard: bool = False
 

@@ -123,9 +123,6 @@ def train_and_evaluate(
             info(f"resumed from {ckpt_dir} at step {int(state.step)}")
         step = int(state.step)
 
-        progress = reporting.Progress(total=config.num_steps, initial=step,
-                                      tokens_per_step=tokens_per_batch,
-                                      enabled=is_main and config.progress)
         pending: list[tuple[int, dict]] = []  # dispatched steps whose metrics are not read yet
         last_train: dict = {}
 
@@ -143,13 +140,16 @@ def train_and_evaluate(
         def save() -> None:
             checkpoint.save(manager, step, state, train_iter.get_state())
 
+        progress = None
         try:
             # ---------------------------------------------------------- compile; report before step 0
             if step < config.num_steps:
                 batch = mesh_lib.shard_batch(next(train_iter), mesh)
                 compiled = train_step.lower(state, batch).compile()
-                summary["memory_mib"] = reporting.memory_report(compiled)
+                summary["memory_mib"] = {k: round(v, 2) for k, v in reporting.memory_report(compiled).items()}
                 info(f"compiled train step memory (MiB): {summary['memory_mib']}")
+            progress = reporting.Progress(total=config.num_steps, initial=step, tokens_per_step=tokens_per_batch,
+                                          enabled=is_main and config.progress)
 
             # ---------------------------------------------------------- loop
             progress.start()
@@ -168,7 +168,8 @@ def train_and_evaluate(
                     eval_metrics = evaluate(state)
                     writer.write(step, "valid", eval_metrics)
                     summary["eval"] = {"step": step, **eval_metrics}
-                    progress.write(f"step {step}: valid {eval_metrics}")
+                    msg = f"step {step}: valid " + " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items())
+                    progress.write(msg) if config.progress else info(msg)
                 if boundary_ckpt:
                     save()
                 if step < config.num_steps:
@@ -181,7 +182,8 @@ def train_and_evaluate(
                 save()
             raise
         finally:
-            progress.close()
+            if progress is not None:
+                progress.close()
             writer.close()
             # Leaving the `with` waits for async saves (Orbax drops unfinished ones at exit).
 
@@ -190,7 +192,7 @@ def train_and_evaluate(
     summary.update(
         step=step,
         train=last_train,
-        tokens_per_s=progress.tokens_per_s,
+        tokens_per_s=progress.tokens_per_s if progress is not None else math.nan,
         wall_s=time.perf_counter() - t_start,
         checkpoint_dir=ckpt_dir,
     )

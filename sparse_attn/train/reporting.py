@@ -97,7 +97,8 @@ class Progress:
         self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
 
     def write(self, msg: str) -> None:
-        self._bar.write(msg) if not self._bar.disable else None
+        if not self._bar.disable:
+            self._bar.write(msg)
 
     def close(self) -> None:
         self._bar.close()
