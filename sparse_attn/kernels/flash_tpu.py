@@ -20,6 +20,14 @@ from sparse_attn.kernels import metadata, tiles
 from sparse_attn.kernels.metadata import TileLists, TokenMeta
 
 
+def _div(a, b):
+    return jax.lax.div(a, jnp.int32(b))  # truncating: indices are non-negative, and floor division needs `sign`
+
+
+def _rem(a, b):
+    return jax.lax.rem(a, jnp.int32(b))
+
+
 def _heads(x_BxNxHxD):
     return jnp.swapaxes(x_BxNxHxD, 1, 2)
 
@@ -142,7 +150,7 @@ def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels,
 
 
 def _row(p, i, hb, hmax, bmax, qb):
-    b, hg = p // hb, p % hb
+    b, hg = _div(p, hb), _rem(p, hb)
     return ((b * (bmax > 1)) * hmax + hg * (hmax > 1)) * qb + i
 
 
@@ -161,10 +169,10 @@ def _q_call(q, k, v, extra, meta, lists: TileLists, n, scale, cap, interpret, do
     )
     pref = _prefetch(count, idx, masked, rand)
     kidx = lambda p, i, t, c, ix, *_: ix[_row(p, i, hb, hmax, bmax, qb) * cap + t]  # noqa: E731
-    q_spec = pl.BlockSpec((None, rp, bq, d), lambda p, i, t, *_: (p // hb, p % hb, i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, i, t, *a: (p // hb, (p % hb) * rp // r, kidx(p, i, t, *a), 0))
-    col_spec = pl.BlockSpec((None, rp, bq, 1), lambda p, i, t, *_: (p // hb, p % hb, i, 0))
-    bm_hm = lambda p, i, t, *_: ((p // hb) * (bmax > 1), (p % hb) * (hmax > 1))  # noqa: E731
+    q_spec = pl.BlockSpec((None, rp, bq, d), lambda p, i, t, *_: (_div(p, hb), _rem(p, hb), i, 0))
+    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, i, t, *a: (_div(p, hb), _div(_rem(p, hb) * rp, r), kidx(p, i, t, *a), 0))
+    col_spec = pl.BlockSpec((None, rp, bq, 1), lambda p, i, t, *_: (_div(p, hb), _rem(p, hb), i, 0))
+    bm_hm = lambda p, i, t, *_: (_div(p, hb) * (bmax > 1), _rem(p, hb) * (hmax > 1))  # noqa: E731
     mspecs = _meta_specs(meta, bq, bk, False, lambda p, i, t, *_: i, kidx, bm_hm)
     if do_bwd:
         in_specs = [q_spec, kv_spec, kv_spec, q_spec, col_spec, col_spec] + mspecs
@@ -240,7 +248,7 @@ def _kv_kernel(*refs, scale, bq, bk, r, g, hmax, bmax, kb, cap, causal, labels, 
 
 
 def _kv_row(p, j, rr, r, g, hmax, bmax, kb):
-    b, h = p // g, (p % g) * r + rr
+    b, h = _div(p, g), _rem(p, g) * r + rr
     return ((b * (bmax > 1)) * hmax + h * (hmax > 1)) * kb + j
 
 
@@ -256,11 +264,11 @@ def _kv_call(q, k, v, do, lse_row, delta_row, meta, lists: TileLists, scale, cap
     )
     pref = _prefetch(count, idx, masked, rand)
     qidx = lambda p, j, rr, t, c, ix, *_: ix[_kv_row(p, j, rr, r, g, hmax, bmax, kb) * cap + t]  # noqa: E731
-    head = lambda p, rr: (p % g) * r + rr  # noqa: E731
-    q_spec = pl.BlockSpec((None, None, bq, d), lambda p, j, rr, t, *a: (p // g, head(p, rr), qidx(p, j, rr, t, *a), 0))
-    row_spec = pl.BlockSpec((None, None, 1, bq), lambda p, j, rr, t, *a: (p // g, head(p, rr), 0, qidx(p, j, rr, t, *a)))
-    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, j, rr, t, *_: (p // g, p % g, j, 0))
-    bm_hm = lambda p, j, rr, t, *_: ((p // g) * (bmax > 1), head(p, rr) * (hmax > 1))  # noqa: E731
+    head = lambda p, rr: _rem(p, g) * r + rr  # noqa: E731
+    q_spec = pl.BlockSpec((None, None, bq, d), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), qidx(p, j, rr, t, *a), 0))
+    row_spec = pl.BlockSpec((None, None, 1, bq), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), 0, qidx(p, j, rr, t, *a)))
+    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, j, rr, t, *_: (_div(p, g), _rem(p, g), j, 0))
+    bm_hm = lambda p, j, rr, t, *_: (_div(p, g) * (bmax > 1), head(p, rr) * (hmax > 1))  # noqa: E731
     mspecs = _meta_specs(meta, bq, bk, True, qidx, lambda p, j, rr, t, *_: j, bm_hm)
     kernel = functools.partial(
         _kv_kernel, scale=scale, bq=bq, bk=bk, r=r, g=g, hmax=hmax, bmax=bmax, kb=kb, cap=cap,
