@@ -6,18 +6,26 @@ import jax
 import jax.numpy as jnp
 
 
-def masked_softmax(s_f32: jax.Array, allowed: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
-    """(p, lse) over `axis`: p sums to 1 on rows with an allowed key and is 0 elsewhere; lse is -inf there.
+def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):
+    """(e, denom, lse): unnormalised weights, the row sums to divide by (1 on empty rows), and log-sum-exp.
 
-    Both `where`s guard the gradient: a masked logit never reaches `exp`, so it gets exactly 0 and never NaN.
+    Callers contract `e` with V first and divide the small result by `denom`, so the normalised [.., Q, K]
+    probabilities are never materialised (one fewer score-sized buffer in forward and backward).
+    A masked logit becomes -inf before `exp`: its weight and its gradient are exactly 0. The row maximum is
+    replaced by 0 on empty rows so that no `-inf - -inf` NaN can appear.
     """
     s = jnp.where(allowed, s_f32, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=axis, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.where(allowed, jnp.exp(jnp.where(allowed, s_f32, 0.0) - m), 0.0)
+    e = jnp.exp(s - m)
     l = jnp.sum(e, axis=axis, keepdims=True)
     alive = l > 0
-    safe_l = jnp.where(alive, l, 1.0)
-    p = e / safe_l
-    lse = jnp.where(alive, m + jnp.log(safe_l), -jnp.inf)
-    return p, jnp.squeeze(lse, axis)
+    denom = jnp.where(alive, l, 1.0)
+    lse = jnp.where(alive, m + jnp.log(denom), -jnp.inf)
+    return e, denom, jnp.squeeze(lse, axis)
+
+
+def masked_softmax(s_f32: jax.Array, allowed: jax.Array, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+    """(p, lse): p sums to 1 on rows with an allowed key and is 0 elsewhere; lse is -inf there."""
+    e, denom, lse = masked_softmax_parts(s_f32, allowed, axis)
+    return e / denom, lse

@@ -1,7 +1,9 @@
-"""XLA executor: gathers key blocks (Intervals, BlockLayout) or key rows (NeighbourList), then batched einsums.
+"""XLA executor: per query block a static band of key blocks (Intervals), plus gathered global keys and random
+blocks (BlockLayout), or gathered key rows (NeighbourList); then batched einsums. Differentiated by autodiff.
 
-Runs everywhere and is differentiated by autodiff. Static shapes: the per-query-block list width is derived from
-the pattern's static bounds (reach, max_global, max_random), so no allowed key is ever dropped.
+The band is C shifted static slices of the key blocks, where C follows from the pattern's static `reach`, so no
+allowed key is ever dropped, and its gradient is a pad-and-add instead of a scatter (which is slow on CPU).
+Global query rows ("attend everything") run as a small dense pass over at most `max_global` rows.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.softmax import masked_softmax_parts
 from sparse_attn.patterns.block_layout import BlockLayout
+from sparse_attn.patterns.common import take_tokens
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.neighbours import NeighbourList
 
@@ -23,39 +26,31 @@ def xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, blo
     """Returns (out[B, N, H, D], lse[B, N, H])."""
     if isinstance(pattern, NeighbourList):
         return _neighbour_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
-    if isinstance(pattern, Intervals):
-        mask, random_blocks, max_random = pattern, None, 0
-    else:
-        mask, random_blocks, max_random = pattern.mask, pattern.random_blocks, pattern.max_random
+    layout = pattern if isinstance(pattern, BlockLayout) else None
+    mask = pattern if layout is None else pattern.mask
     n = q_BxNxHxD.shape[1]
-    if random_blocks is not None:
-        blk = pattern.block_q  # random blocks are defined at the layout's granularity
-    else:
-        blk = min(block or DEFAULT_BLOCK, n)
-    layout = BlockLayout.from_intervals(
-        mask,
-        blk,
-        blk,
-        random_blocks=random_blocks,
-        max_random=max_random,
-        capacity=list_capacity(mask, blk, max_random),
-        split_full=False,
-        global_rows=False,
-    )
-    out, lse = _block_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, layout, scale)
+    blk = layout.block_q if layout is not None else min(block or DEFAULT_BLOCK, n)
+    out, lse = _band_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, mask, layout, blk, scale)
     if mask.global_tokens is not None:
-        out, lse = _global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, layout, scale, out, lse)
+        out, lse = _global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
     return out, lse
 
 
-def list_capacity(mask: Intervals, block: int, max_random: int = 0) -> int:
-    """A static bound on the key blocks any query block touches (global rows excluded)."""
+def band_shape(mask: Intervals, block: int) -> tuple[int, int]:
+    """(first, width): query block qb reads key blocks qb - first ... qb - first + width - 1.
+
+    None of an Intervals row's keys lies outside that band when the pattern honours its `reach`; without a reach
+    the band is every key block (first = -1 marks "all blocks, unshifted").
+    """
     nkb = math.ceil(mask.num_tokens / block)
     if mask.reach is None:
-        return nkb
+        return -1, nkb
     left, right = mask.reach
-    span = math.ceil((block + left + right - 1) / block) + 1
-    return min(nkb, span + min(mask.max_global, nkb) + max_random)
+    first = math.ceil(left / block)
+    width = first + (block - 1 + right) // block + 1
+    if width >= nkb:
+        return -1, nkb
+    return first, width
 
 
 def _split_heads(x_BpxHpxR, heads: int, groups: int):
@@ -65,96 +60,148 @@ def _split_heads(x_BpxHpxR, heads: int, groups: int):
     return x_BpxHpxR.reshape(x_BpxHpxR.shape[:1] + (groups, heads // groups) + x_BpxHpxR.shape[2:])
 
 
-def _gather_rows(x_BxGxMxE, idx_BxGxRxQxC):
-    """x[b, g, idx[b, g, r, q, c]] -> [B, G, R', Q, C, ...]."""
-    bsz, groups = x_BxGxMxE.shape[:2]
-    bi = jnp.arange(bsz).reshape(-1, 1, 1, 1, 1)
-    gi = jnp.arange(groups).reshape(1, -1, 1, 1, 1)
-    return x_BxGxMxE[bi, gi, idx_BxGxRxQxC]
+def _allowed(mask: Intervals, layout: BlockLayout | None, q_pos, k_pos):
+    return mask.allowed(q_pos, k_pos) if layout is None else layout.allowed(q_pos, k_pos)
 
 
-def _block_attention(q, k, v, layout: BlockLayout, scale: float):
+def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float):
     b, n, h, d = q.shape
     g = k.shape[2]
-    r = h // g
-    blk = layout.block_q
     nb = math.ceil(n / blk)
     pad = ((0, 0), (0, nb * blk - n), (0, 0), (0, 0))
-    q_ = jnp.pad(q, pad).reshape(b, nb, blk, g, r, d).transpose(0, 3, 4, 1, 2, 5)  # [B, G, R, Qb, bq, D]
+    q_ = jnp.pad(q, pad).reshape(b, nb, blk, g, h // g, d).transpose(0, 3, 4, 1, 2, 5)  # [B, G, R, Qb, bq, D]
     k_ = jnp.pad(k, pad).reshape(b, nb, blk, g, d).transpose(0, 3, 1, 2, 4)  # [B, G, Kb, bk, D]
     v_ = jnp.pad(v, pad).reshape(b, nb, blk, g, d).transpose(0, 3, 1, 2, 4)
-
-    idx = _split_heads(layout.kv_idx, h, g)  # [B', G|1, R|1, Qb, C]
-    cap = idx.shape[-1]
     q_pos = jnp.arange(nb * blk, dtype=jnp.int32).reshape(1, 1, nb, blk)
-    if cap == nb:
-        # Every key block may be needed: attend the contiguous keys instead of copying them per query block.
-        kg = k_.reshape(b, g, 1, 1, nb * blk, d)
-        vg = v_.reshape(b, g, 1, 1, nb * blk, d)
-        k_pos = jnp.broadcast_to(jnp.arange(nb * blk, dtype=jnp.int32), (1, 1, nb, nb * blk))
-        slot = True
-    else:
-        full_idx = jnp.broadcast_to(idx, (b, g) + idx.shape[2:])
-        kg = _gather_rows(k_, full_idx).reshape((b, g) + idx.shape[2:4] + (cap * blk, d))  # [B, G, R', Qb, C*bk, D]
-        vg = _gather_rows(v_, full_idx).reshape(kg.shape)
-        k_pos = (layout.kv_idx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32)).reshape(
-            layout.kv_idx.shape[:3] + (cap * blk,)
-        )
-        slot = jnp.arange(cap, dtype=jnp.int32).reshape(1, 1, 1, cap, 1) < layout.kv_count[..., None, None]
-        slot = jnp.broadcast_to(slot, slot.shape[:4] + (blk,)).reshape(slot.shape[:3] + (1, cap * blk))
-    s = _scores(q_, kg)
-    ok = layout.allowed(q_pos, k_pos)  # [B'', H'', Qb, bq, C*bk]
-    ok = ok & slot & (k_pos < n)[..., None, :] & (q_pos < n)[..., None]
-    ok = _split_heads(ok, h, g)  # [B'', G|1, R|1, Qb, bq, C*bk]
 
-    p, lse = masked_softmax(s * scale, ok)
-    out = _values(p, vg)
+    first, width = band_shape(mask, blk)
+    if first < 0:  # every key block: attend the contiguous keys, no copies
+        kb = k_.reshape(b, g, 1, nb * blk, d)
+        vb = v_.reshape(b, g, 1, nb * blk, d)
+        k_pos = jnp.broadcast_to(jnp.arange(nb * blk, dtype=jnp.int32), (1, 1, nb, nb * blk))
+        in_band = None
+    else:
+        kb, vb = (_band(x, first, width) for x in (k_, v_))  # [B, G, Qb, C*bk, D]
+        start = (jnp.arange(nb, dtype=jnp.int32) - first) * blk
+        k_pos = (start[:, None] + jnp.arange(width * blk, dtype=jnp.int32)).reshape(1, 1, nb, width * blk)
+        in_band = (start, start + width * blk)
+    parts_k, parts_v, parts_ok = [kb], [vb], []
+    ok = _allowed(mask, layout, q_pos, k_pos) & ((k_pos >= 0) & (k_pos < n))[..., None, :]
+    parts_ok.append(ok)
+
+    if in_band is not None and mask.global_tokens is not None:
+        # Global keys outside the band: a few gathered rows shared by every query block.
+        gk_pos = _global_positions(mask, b, n)  # [B, M]
+        gk = _take_rows(k, gk_pos).transpose(0, 2, 1, 3)[:, :, None]  # [B, G, 1, M, D]
+        gv = _take_rows(v, gk_pos).transpose(0, 2, 1, 3)[:, :, None]
+        pos = jnp.broadcast_to(gk_pos[:, None, None, :], (b, 1, nb, gk_pos.shape[1]))
+        ok = _allowed(mask, layout, q_pos, pos) & _outside(pos, in_band)[..., None, :] & (pos < n)[..., None, :]
+        parts_k.append(jnp.broadcast_to(gk, (b, g, nb) + gk.shape[3:]))
+        parts_v.append(jnp.broadcast_to(gv, (b, g, nb) + gv.shape[3:]))
+        parts_ok.append(ok)
+    if in_band is not None and layout is not None and layout.random_blocks is not None and layout.max_random:
+        # Random blocks outside the band (BigBird): gathered per query block from the layout's lists.
+        rl = BlockLayout.from_intervals(
+            Intervals(jnp.ones((1, 1, n), jnp.int32), jnp.zeros((1, 1, n), jnp.int32)),
+            blk,
+            blk,
+            random_blocks=layout.random_blocks,
+            capacity=layout.max_random,
+            split_full=False,
+        )
+        ridx = rl.kv_idx[:, 0]  # [B', Qb, R]  (random blocks are shared by heads)
+        cnt = rl.kv_count[:, 0]
+        rk, rv = (_gather_blocks(x, ridx) for x in (k_, v_))  # [B, G, Qb, R*bk, D]
+        pos = (ridx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32)).reshape(ridx.shape[:2] + (-1,))[:, None]
+        slot = jnp.repeat(jnp.arange(layout.max_random) < cnt[..., None], blk, axis=-1)[:, None]
+        ok = layout.allowed(q_pos, pos) & (_outside(pos, in_band) & slot & (pos < n))[..., None, :]
+        if mask.global_tokens is not None:  # counted by the global-key part already
+            flat = pos.reshape(pos.shape[:2] + (-1,))
+            is_g = take_tokens(mask.global_tokens[:, None, :], flat).reshape(jnp.broadcast_shapes(
+                mask.global_tokens.shape[:1] + (1,), pos.shape[:2]) + pos.shape[2:])
+            ok = ok & ~(is_g & _outside(pos, in_band))[..., None, :]
+        parts_k.append(rk)
+        parts_v.append(rv)
+        parts_ok.append(ok)
+
+    s = jnp.concatenate([_scores(q_, x) for x in parts_k], axis=-1) * scale
+    lead = jnp.broadcast_shapes(*(o.shape[:2] for o in parts_ok))
+    ok = jnp.concatenate([jnp.broadcast_to(o, lead + (nb, blk, o.shape[-1])) for o in parts_ok], axis=-1)
+    ok = _split_heads(ok, h, g)
+    ok = ok & (q_pos < n).reshape(1, 1, 1, nb, blk, 1)
+    e, denom, lse = masked_softmax_parts(s, ok)
+    out, off = 0.0, 0
+    for x in parts_v:
+        width_x = x.shape[-2]
+        out = out + _values(e[..., off : off + width_x], x)
+        off += width_x
+    out = out / denom
     out = out.transpose(0, 3, 4, 1, 2, 5).reshape(b, nb * blk, h, d)[:, :n]
     lse = lse.transpose(0, 3, 4, 1, 2).reshape(b, nb * blk, h)[:, :n]
     return out.astype(q.dtype), lse
 
 
-def _scores(q_BxGxRxQxIxD, k_BxGxRpxQpxKxD):
-    """Logits in float32; R' and Q' may be 1 (shared pattern heads, or keys shared by all query blocks)."""
-    k = k_BxGxRpxQpxKxD
-    if k.shape[2] == 1 and k.shape[3] == 1:
-        return jnp.einsum("bgrqid,bgkd->bgrqik", q_BxGxRxQxIxD, k[:, :, 0, 0], preferred_element_type=jnp.float32)
+def _band(x_BxGxKbxbkxD, first: int, width: int):
+    """[B, G, Qb, C*bk, D]: for each query block the C consecutive key blocks starting `first` blocks earlier."""
+    nb = x_BxGxKbxbkxD.shape[2]
+    xp = jnp.pad(x_BxGxKbxbkxD, ((0, 0), (0, 0), (first, width - 1 - first), (0, 0), (0, 0)))
+    bands = jnp.stack([xp[:, :, c : c + nb] for c in range(width)], axis=3)  # [B, G, Qb, C, bk, D]
+    return bands.reshape(bands.shape[:3] + (-1, bands.shape[-1]))
+
+
+def _outside(pos, band):
+    start, stop = band
+    return (pos < start[:, None]) | (pos >= stop[:, None])
+
+
+def _global_positions(mask: Intervals, b: int, n: int):
+    g = jnp.broadcast_to(mask.global_tokens, (b, n))
+    return jax.vmap(lambda x: jnp.nonzero(x, size=mask.max_global, fill_value=n)[0])(g).astype(jnp.int32)
+
+
+def _take_rows(x_BxNxGxD, pos_BxM):
+    n = x_BxNxGxD.shape[1]
+    return x_BxNxGxD[jnp.arange(x_BxNxGxD.shape[0])[:, None], jnp.minimum(pos_BxM, n - 1)]
+
+
+def _gather_blocks(x_BxGxKbxbkxD, idx_BpxQbxR):
+    b, g = x_BxGxKbxbkxD.shape[:2]
+    idx = jnp.broadcast_to(idx_BpxQbxR[:, None], (b, g) + idx_BpxQbxR.shape[1:])
+    out = x_BxGxKbxbkxD[jnp.arange(b).reshape(-1, 1, 1, 1), jnp.arange(g).reshape(1, -1, 1, 1), idx]
+    return out.reshape(out.shape[:3] + (-1, out.shape[-1]))  # [B, G, Qb, R*bk, D]
+
+
+def _scores(q_BxGxRxQxIxD, k_BxGxQpxKxD):
+    """float32 logits [B, G, R, Qb, bq, K]; keys are shared by the R query heads of a group (GQA)."""
+    k = k_BxGxQpxKxD
     if k.shape[2] == 1:
-        return jnp.einsum("bgrqid,bgqkd->bgrqik", q_BxGxRxQxIxD, k[:, :, 0], preferred_element_type=jnp.float32)
-    return jnp.einsum("bgrqid,bgrqkd->bgrqik", q_BxGxRxQxIxD, k, preferred_element_type=jnp.float32)
+        return jnp.einsum("bgrqid,bgkd->bgrqik", q_BxGxRxQxIxD, k[:, :, 0], preferred_element_type=jnp.float32)
+    return jnp.einsum("bgrqid,bgqkd->bgrqik", q_BxGxRxQxIxD, k, preferred_element_type=jnp.float32)
 
 
-def _values(p_BxGxRxQxIxK, v_BxGxRpxQpxKxD):
-    v = v_BxGxRpxQpxKxD.astype(jnp.float32)
-    if v.shape[2] == 1 and v.shape[3] == 1:
-        return jnp.einsum("bgrqik,bgkd->bgrqid", p_BxGxRxQxIxK, v[:, :, 0, 0])
+def _values(e_BxGxRxQxIxK, v_BxGxQpxKxD):
+    v = v_BxGxQpxKxD.astype(jnp.float32)
     if v.shape[2] == 1:
-        return jnp.einsum("bgrqik,bgqkd->bgrqid", p_BxGxRxQxIxK, v[:, :, 0])
-    return jnp.einsum("bgrqik,bgrqkd->bgrqid", p_BxGxRxQxIxK, v)
+        return jnp.einsum("bgrqik,bgkd->bgrqid", e_BxGxRxQxIxK, v[:, :, 0])
+    return jnp.einsum("bgrqik,bgqkd->bgrqid", e_BxGxRxQxIxK, v)
 
 
-def _global_rows(q, k, v, layout: BlockLayout, scale: float, out, lse):
+def _global_rows(q, k, v, pattern, scale: float, out, lse):
     """Global query rows attend every key: a small dense pass over at most `max_global` rows per sequence."""
     b, n, h, d = q.shape
     g = k.shape[2]
-    mask = layout.mask
-    gmask = jnp.broadcast_to(mask.global_tokens, (b, n))
-    rows = jax.vmap(lambda x: jnp.nonzero(x, size=mask.max_global, fill_value=n)[0])(gmask)  # [B, M]
-    rows = rows.astype(jnp.int32)
-    bi = jnp.arange(b).reshape(-1, 1)
-    qg = q[bi, jnp.minimum(rows, n - 1)]  # [B, M, H, D]
-    qg = qg.reshape(b, -1, g, h // g, d)
+    mask = pattern if isinstance(pattern, Intervals) else pattern.mask
+    rows = _global_positions(mask, b, n)  # [B, M]
+    qg = _take_rows(q, rows).reshape(b, -1, g, h // g, d)
     s = jnp.einsum("bmgrd,bkgd->bgrmk", qg, k, preferred_element_type=jnp.float32) * scale
     q_pos = rows.reshape(b, 1, 1, -1)
     k_pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, 1, n)
-    ok = mask.allowed(q_pos, k_pos)
-    if layout.random_blocks is not None:
-        ok = ok | layout.random_allowed(q_pos, k_pos)
-    ok = ok[:, :, 0] & (rows < n).reshape(b, 1, -1, 1)  # [B, H'', M, N]
-    ok = _split_heads(ok, h, g)
-    p, lse_g = masked_softmax(s, ok)
-    og = jnp.einsum("bgrmk,bkgd->bmgrd", p, v.astype(jnp.float32)).reshape(b, -1, h, d)
+    ok = pattern.allowed(q_pos, k_pos)[:, :, 0] & (rows < n).reshape(b, 1, -1, 1)  # [B, H'', M, N]
+    e, denom, lse_g = masked_softmax_parts(s, _split_heads(ok, h, g))
+    og = (jnp.einsum("bgrmk,bkgd->bmgrd", e, v.astype(jnp.float32)) / denom.transpose(0, 3, 1, 2, 4))
+    og = og.reshape(b, -1, h, d)
     lse_g = lse_g.transpose(0, 3, 1, 2).reshape(b, -1, h)
+    bi = jnp.arange(b).reshape(-1, 1)
     out = out.at[bi, rows].set(og.astype(out.dtype), mode="drop")
     lse = lse.at[bi, rows].set(lse_g, mode="drop")
     return out, lse
@@ -164,11 +211,12 @@ def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
     b, n, h, d = q.shape
     g = k.shape[2]
     q_ = q.reshape(b, n, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [B, G, R, N, D]
-    k_ = k.transpose(0, 2, 1, 3)  # [B, G, N, D]
-    v_ = v.transpose(0, 2, 1, 3)
     idx = _split_heads(nl.idx, h, g)  # [B', G|1, R|1, N, K]
     idx = jnp.broadcast_to(idx, (b, g) + idx.shape[2:])
-    kg, vg = _gather_rows(k_, idx), _gather_rows(v_, idx)  # [B, G, R', N, K, D]
+    bi = jnp.arange(b).reshape(-1, 1, 1, 1, 1)
+    gi = jnp.arange(g).reshape(1, -1, 1, 1, 1)
+    kg = k.transpose(0, 2, 1, 3)[bi, gi, idx]  # [B, G, R', N, K, D]
+    vg = v.transpose(0, 2, 1, 3)[bi, gi, idx]
     if kg.shape[2] == 1:
         s = jnp.einsum("bgrnd,bgnkd->bgrnk", q_, kg[:, :, 0], preferred_element_type=jnp.float32)
     else:
@@ -176,10 +224,10 @@ def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
     s = s * scale
     if nl.bias is not None:
         s = s + _split_heads(nl.bias.astype(jnp.float32), h, g)
-    p, lse = masked_softmax(s, _split_heads(nl.valid, h, g))
+    e, denom, lse = masked_softmax_parts(s, _split_heads(nl.valid, h, g))
     if vg.shape[2] == 1:
-        out = jnp.einsum("bgrnk,bgnkd->bgrnd", p, vg[:, :, 0].astype(jnp.float32))
+        out = jnp.einsum("bgrnk,bgnkd->bgrnd", e, vg[:, :, 0].astype(jnp.float32))
     else:
-        out = jnp.einsum("bgrnk,bgrnkd->bgrnd", p, vg.astype(jnp.float32))
-    out = out.transpose(0, 3, 1, 2, 4).reshape(b, n, h, d)
+        out = jnp.einsum("bgrnk,bgrnkd->bgrnd", e, vg.astype(jnp.float32))
+    out = (out / denom).transpose(0, 3, 1, 2, 4).reshape(b, n, h, d)
     return out.astype(q.dtype), lse.transpose(0, 3, 1, 2).reshape(b, n, h)

@@ -76,7 +76,7 @@ class BlockLayout:
         rb = self.random_blocks
         qb = q_pos[..., :, None] // self.block_q
         kb = k_pos[..., None, :] // self.block_k
-        lead = jnp.broadcast_shapes(rb.shape[:2], q_pos.shape[:2])
+        lead = jnp.broadcast_shapes(rb.shape[:2], q_pos.shape[:2], k_pos.shape[:2])
         rb = jnp.broadcast_to(rb, lead + rb.shape[2:])
         flat = rb.reshape(lead + (-1,))
         lin = jnp.broadcast_to(qb * rb.shape[-1] + kb, lead + jnp.broadcast_shapes(qb.shape, kb.shape)[2:])

@@ -1,0 +1,132 @@
+"""Attention benchmark: every method against dense attention measured side by side in one run.
+
+Command (CPU, the README's main job):
+  python -m experiments.bench_attention --n 1024 2048 4096 --methods window longformer bigbird
+
+For each n it times forward and forward+backward (median of repeats after warm-up), reads XLA's compiled memory
+analysis (temp + arguments + outputs) of forward+backward, counts attention FLOPs from the pattern, and reports
+speedup and memory ratio against dense `jax.nn.dot_product_attention` measured in the same run. Writes a markdown
+table, JSON and a log-log PNG under --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+import sparse_attn
+from experiments import benchlib
+from sparse_attn import patterns
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    n: int
+    batch: int
+    heads: int
+    head_dim: int
+    dtype: str
+    radius: int
+    impl: str
+    key: jax.Array
+
+
+def qkv(spec: Spec):
+    kq, kk, kv = jax.random.split(spec.key, 3)
+    shape = (spec.batch, spec.n, spec.heads, spec.head_dim)
+    dt = jnp.dtype(spec.dtype)
+    return tuple(jax.random.normal(k, shape, dt) for k in (kq, kk, kv))
+
+
+def _dense(spec: Spec):
+    fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v)  # noqa: E731
+    return fn, qkv(spec), patterns.dense(spec.n)
+
+
+def _with_pattern(pattern) -> Callable[[Spec], tuple]:
+    def make(spec: Spec):
+        p = pattern(spec)
+        fn = lambda q, k, v: sparse_attn.attention(q, k, v, p, implementation=spec.impl)  # noqa: E731
+        return fn, qkv(spec), p
+
+    return make
+
+
+METHODS: dict[str, Callable[[Spec], tuple]] = {
+    "dense": _dense,
+    "dense_pattern": _with_pattern(lambda s: patterns.dense(s.n)),
+    "causal": _with_pattern(lambda s: patterns.causal(s.n)),
+    "window": _with_pattern(lambda s: patterns.sliding_window(s.n, s.radius)),
+    "causal_window": _with_pattern(lambda s: patterns.sliding_window(s.n, s.radius, causal=True)),
+    "longformer": _with_pattern(lambda s: patterns.longformer(s.n, s.radius, 2)),
+    "bigbird": _with_pattern(lambda s: patterns.bigbird(s.n, s.radius, 2, 2, 64, jax.random.PRNGKey(1))),
+}
+
+
+def run(args) -> list[benchlib.Row]:
+    rows = []
+    for n in args.n:
+        for method in ["dense"] + [m for m in args.methods if m != "dense"]:
+            impls = ["xla"] if method == "dense" else args.impls
+            for impl in impls:
+                if impl == "reference" and n > 4096:
+                    continue  # the oracle is O(n^2) memory by design
+                spec = Spec(n, args.batch, args.heads, args.head_dim, args.dtype, args.radius, impl, jax.random.PRNGKey(0))
+                fn, fargs, pattern = METHODS[method](spec)
+                st = patterns.pattern_stats(pattern, args.head_dim, batch=args.batch, heads=args.heads)
+                row = benchlib.measure(
+                    method,
+                    "jax.nn" if method == "dense" else impl,
+                    n,
+                    fn,
+                    fargs,
+                    repeats=args.repeats,
+                    flops=float(st["flops"]),
+                    extra=dict(density=float(st["density"]), mean_keys=float(st["mean_keys"])),
+                )
+                rows.append(row)
+                print(f"  n={n} {method:14s} {row.impl:8s} fwd {row.fwd_s * 1e3:8.2f} ms  "
+                      f"fwd+bwd {row.fwd_bwd_s * 1e3:8.2f} ms  mem {row.mem_bytes / 2**20:8.1f} MiB", flush=True)
+    return benchlib.add_ratios(rows)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--methods", nargs="+", default=["window", "longformer", "bigbird"], choices=sorted(METHODS))
+    p.add_argument("--impls", nargs="+", default=["xla"])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--radius", type=int, default=128)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out-dir", default="experiments/results")
+    p.add_argument("--tag", default="bench_attention")
+    args = p.parse_args(argv)
+    for impl in args.impls:
+        if impl not in sparse_attn.available_implementations():
+            p.error(f"implementation {impl!r} is not available here; have {sparse_attn.available_implementations()}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    command = "python -m experiments.bench_attention " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"# {command}\n# {benchlib.environment()}")
+    rows = run(args)
+    table = benchlib.format_table(rows)
+    print(table)
+    base = os.path.join(args.out_dir, args.tag)
+    benchlib.write_json(rows, base + ".json", command, vars(args))
+    with open(base + ".md", "w") as f:
+        f.write(f"Command: `{command}`\n\nEnvironment: {benchlib.environment()}\n\n{table}\n")
+    benchlib.plot_rows(rows, base + ".png", title=command)
+    print(f"wrote {base}.json, {base}.md, {base}.png")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Benchmark helpers: wall time (median after warm-up, blocked until ready), compiled peak memory, tables, plots.
+
+Every mechanism's benchmark script reuses these, so all speed and memory numbers are measured the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def time_fn(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time in seconds of `fn(*args)` (jitted by the caller), blocked until ready."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def compiled_memory(jitted: Callable, *args) -> int:
+    """XLA's compiled memory analysis: temp + arguments + outputs, in bytes."""
+    mem = jitted.lower(*args).compile().memory_analysis()
+    return int(mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
+
+
+def fwd_bwd(fn: Callable, num_args: int) -> Callable:
+    """Forward + backward of `sum(fn(*args) * ct)` w.r.t. every one of the first `num_args` args."""
+
+    def loss(*args):
+        out = fn(*args[:num_args])
+        ct = args[num_args]
+        return jnp.sum(out.astype(jnp.float32) * ct)
+
+    return jax.grad(loss, argnums=tuple(range(num_args)))
+
+
+@dataclasses.dataclass
+class Row:
+    method: str
+    impl: str
+    n: int
+    fwd_s: float
+    fwd_bwd_s: float
+    mem_bytes: int
+    flops: float | None = None
+    speedup_fwd: float | None = None
+    speedup_fwd_bwd: float | None = None
+    mem_ratio: float | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+def measure(method: str, impl: str, n: int, fn: Callable, args: tuple, *, repeats: int = 5, flops=None, extra=None):
+    """Times fn forward and forward+backward (w.r.t. all args) and reads its compiled memory (forward+backward)."""
+    fwd = jax.jit(fn)
+    out = jax.eval_shape(fn, *args)
+    ct = jnp.ones(out.shape, jnp.float32)
+    fb = jax.jit(fwd_bwd(fn, len(args)))
+    return Row(
+        method=method,
+        impl=impl,
+        n=n,
+        fwd_s=time_fn(fwd, *args, repeats=repeats),
+        fwd_bwd_s=time_fn(fb, *args, ct, repeats=repeats),
+        mem_bytes=compiled_memory(fb, *args, ct),
+        flops=flops,
+        extra=extra or {},
+    )
+
+
+def add_ratios(rows: list[Row], baseline: str = "dense") -> list[Row]:
+    """Speedups and memory ratios against the baseline row of the same n (measured in the same run)."""
+    base = {r.n: r for r in rows if r.method == baseline}
+    for r in rows:
+        b = base.get(r.n)
+        if b is not None:
+            r.speedup_fwd = b.fwd_s / r.fwd_s
+            r.speedup_fwd_bwd = b.fwd_bwd_s / r.fwd_bwd_s
+            r.mem_ratio = b.mem_bytes / r.mem_bytes
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = "| method | impl | n | fwd ms | fwd+bwd ms | peak MiB | GFLOP | speedup fwd | speedup fwd+bwd | mem ratio |"
+    lines = [head, "|" + "---|" * 10]
+    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    for r in rows:
+        lines.append(
+            f"| {r.method} | {r.impl} | {r.n} | {r.fwd_s * 1e3:.2f} | {r.fwd_bwd_s * 1e3:.2f} | "
+            f"{r.mem_bytes / 2**20:.1f} | {fmt(None if r.flops is None else r.flops / 1e9, '.2f')} | "
+            f"{fmt(r.speedup_fwd, '.2f')}x | {fmt(r.speedup_fwd_bwd, '.2f')}x | {fmt(r.mem_ratio, '.2f')}x |"
+        )
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    return dict(
+        jax=jax.__version__,
+        backend=jax.default_backend(),
+        devices=[str(d) for d in jax.devices()],
+        machine=platform.machine(),
+        python=platform.python_version(),
+    )
+
+
+def write_json(rows: list[Row], path: str, command: str, config: dict | None = None) -> None:
+    with open(path, "w") as f:
+        json.dump(
+            dict(command=command, environment=environment(), config=config or {}, rows=[dataclasses.asdict(r) for r in rows]),
+            f,
+            indent=2,
+        )
+
+
+def plot_rows(rows: list[Row], path: str, title: str = "") -> None:
+    """Log-log plot of forward+backward time and compiled memory versus n, one line per method/impl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    for key in sorted({(r.method, r.impl) for r in rows}):
+        sel = sorted((r for r in rows if (r.method, r.impl) == key), key=lambda r: r.n)
+        ns = [r.n for r in sel]
+        ax_t.plot(ns, [r.fwd_bwd_s * 1e3 for r in sel], marker="o", label=f"{key[0]} ({key[1]})")
+        ax_m.plot(ns, [r.mem_bytes / 2**20 for r in sel], marker="o", label=f"{key[0]} ({key[1]})")
+    for ax, name in ((ax_t, "forward+backward time (ms)"), (ax_m, "compiled peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length n")
+        ax.set_ylabel(name)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,173 @@
+"""Packed executors for ABCA: zones in fixed-width slots, and anchor rows with a fixed key window.
+
+Why packing (measured, see docs/abca.md): a block list sized for the worst-case span (`block + 2 max_zone` keys per
+query block) computes ~3x the pairs a zone needs. Here each slot starts at an anchor and holds whole consecutive
+zones, at most `width` queries, and reads the `width + 1` contiguous keys from its start (the last zone's right
+anchor included): the seed's O(k m^2), with several short zones sharing a slot.
+
+Static shapes, data-dependent work: the slot count is the worst case (two consecutive slots always cover more than
+`width` tokens, so at most 2 ceil(N / (width + 1)) slots), but slots are processed in chunks under `lax.map`, a chunk
+past the last used slot is skipped by `lax.cond`, and each chunk is rematerialised in the backward pass, so time
+follows the used slots and memory one chunk, not the worst case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.executors.softmax import masked_softmax
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SlotLayout:
+    """start: int32[B, S] first position of each slot (N when unused); slot_of: int32[B, N]; used: int32[B]."""
+
+    start: jax.Array
+    slot_of: jax.Array
+    used: jax.Array
+    width: int = dataclasses.field(metadata=dict(static=True))
+
+
+def max_slots(n: int, width: int) -> int:
+    """Worst-case number of slots: slots i and i+2 start more than `width` apart."""
+    return min(n, 2 * math.ceil(n / (width + 1)))
+
+
+def slot_layout(left_BxN: jax.Array, valid_len_B: jax.Array, width: int) -> SlotLayout:
+    """Greedy slots: s_0 = 0; s_{i+1} = the last anchor <= s_i + width while s_i + width < valid_len.
+
+    `left_BxN` is the nearest anchor <= t; consecutive anchors must lie at most `width` apart (the zone cap).
+    """
+    b, n = left_BxN.shape
+    num = max_slots(n, width)
+    vl = valid_len_B.astype(jnp.int32)
+    bi = jnp.arange(b)
+
+    def step(s_B, _):
+        nxt = s_B + width
+        more = (s_B < n) & (nxt < vl)
+        s_next = jnp.where(more, left_BxN[bi, jnp.minimum(nxt, n - 1)], n)
+        return s_next, s_B
+
+    first = jnp.where(vl > 0, 0, n).astype(jnp.int32)
+    _, start = jax.lax.scan(step, first, None, length=num)
+    start = start.T  # [B, S]
+    mark = jnp.zeros((b, n), jnp.int32).at[bi[:, None], start].add(1, mode="drop")
+    slot_of = jnp.cumsum(mark, axis=1, dtype=jnp.int32) - 1
+    return SlotLayout(start, slot_of, jnp.sum(start < n, axis=1, dtype=jnp.int32), width)
+
+
+def chunk_map(fn, num_chunks: int, active_chunks: jax.Array):
+    """Stacks fn(c) for c < num_chunks; chunks >= active_chunks return zeros without running fn.
+
+    Each chunk is rematerialised in the backward pass, so the residuals are the chunk index only.
+    """
+    shapes = jax.eval_shape(fn, jnp.int32(0))
+
+    def skip(c):
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(c):
+        return jax.lax.cond(c < active_chunks, fn, skip, c)
+
+    return jax.lax.map(jax.checkpoint(body), jnp.arange(num_chunks, dtype=jnp.int32))
+
+
+def _unchunk(x):
+    """[num_chunks, B, chunk, ...] -> [B, num_chunks * chunk, ...]."""
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape((x.shape[0], -1) + x.shape[3:])
+
+
+def _gather(x_BxNxGxD, pos_BxCxK):
+    bi = jnp.arange(x_BxNxGxD.shape[0]).reshape(-1, 1, 1)
+    return x_BxNxGxD[bi, jnp.clip(pos_BxCxK, 0, x_BxNxGxD.shape[1] - 1)]
+
+
+def _dense_rows(q_BxCxQxHxD, k_BxCxKxGxD, v_BxCxKxGxD, ok_BxCxQxK, scale: float):
+    """Small dense attentions, one per (batch, chunk row): (out [B, C, Q, H, D], lse [B, C, Q, H])."""
+    b, c, nq, h, d = q_BxCxQxHxD.shape
+    g = k_BxCxKxGxD.shape[3]
+    q = q_BxCxQxHxD.reshape(b, c, nq, g, h // g, d)
+    s = jnp.einsum("bcqgrd,bckgd->bcgrqk", q, k_BxCxKxGxD, preferred_element_type=jnp.float32) * scale
+    p, lse = masked_softmax(s, ok_BxCxQxK[:, :, None, None])
+    out = jnp.einsum("bcgrqk,bckgd->bcqgrd", p, v_BxCxKxGxD.astype(jnp.float32))
+    return out.reshape(b, c, nq, h, d), lse.transpose(0, 1, 4, 2, 3).reshape(b, c, nq, h)
+
+
+def packed_zone_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout: SlotLayout, scale: float,
+                          *, chunk: int = 4):
+    """Attention of every query over its key range [lo, hi], computed slot by slot.
+
+    Requires, for every valid query t of slot i, [lo(t), hi(t)] inside [start_i, start_i + width] (or lo > hi, an
+    empty row). Positions in no slot (padding) output 0 and lse -inf.
+
+    Returns:
+      (out [B, N, H, D] in q's dtype, lse float32 [B, N, H]).
+    """
+    b, n, h, d = q_BxNxHxD.shape
+    w = layout.width
+    num = layout.start.shape[1]
+    chunk = min(chunk, num)
+    num_chunks = math.ceil(num / chunk)
+    start = jnp.pad(layout.start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
+    active = (jnp.max(layout.used) + chunk - 1) // chunk
+
+    def one(c):
+        st = jax.lax.dynamic_slice_in_dim(start, c * chunk, chunk, axis=1)  # [B, C]
+        slot = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
+        q_pos = st[..., None] + jnp.arange(w, dtype=jnp.int32)[None, None]  # [B, C, W]
+        k_pos = st[..., None] + jnp.arange(w + 1, dtype=jnp.int32)[None, None]  # [B, C, W+1]
+        row = (q_pos < n) & (_gather(layout.slot_of[..., None, None], q_pos)[..., 0, 0] == slot[None, :, None])
+        lo = _gather(lo_BxN[..., None, None], q_pos)[..., 0, 0]
+        hi = _gather(hi_BxN[..., None, None], q_pos)[..., 0, 0]
+        kp = k_pos[:, :, None, :]
+        ok = row[..., None] & (lo[..., None] <= kp) & (kp <= hi[..., None]) & (kp < n)
+        return _dense_rows(_gather(q_BxNxHxD, q_pos), _gather(k_BxNxGxD, k_pos), _gather(v_BxNxGxD, k_pos), ok, scale)
+
+    out, lse = chunk_map(one, num_chunks, active)
+    out, lse = _unchunk(out), _unchunk(lse)  # [B, S', W, H, D], [B, S', W, H]
+    pos = jnp.arange(n, dtype=jnp.int32)[None]
+    slot = layout.slot_of
+    live = (slot >= 0) & (pos < n)
+    slot_c = jnp.maximum(slot, 0)
+    bi = jnp.arange(b)[:, None]
+    r = jnp.clip(pos - start[bi, slot_c], 0, w - 1)
+    live = live & (pos - start[bi, slot_c] < w)
+    out = jnp.where(live[..., None, None], out[bi, slot_c, r], 0.0)
+    lse = jnp.where(live[..., None], lse[bi, slot_c, r], -jnp.inf)
+    return out.astype(q_BxNxHxD.dtype), lse
+
+
+def window_rows_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, rows_BxA, lo_BxA, hi_BxA, count_B, width: int,
+                          scale: float, *, chunk: int = 32):
+    """Attention of the queries at `rows` (the first count[b] are real) over keys [lo, hi], hi - lo < width.
+
+    Returns:
+      (out [B, A, H, D] in q's dtype, lse float32 [B, A, H]); rows past count output 0.
+    """
+    b, a = rows_BxA.shape
+    n = q_BxNxHxD.shape[1]
+    chunk = min(chunk, a)
+    num_chunks = math.ceil(a / chunk)
+    pad = ((0, 0), (0, num_chunks * chunk - a))
+    rows, lo, hi = (jnp.pad(x, pad) for x in (rows_BxA, lo_BxA, hi_BxA))
+    active = (jnp.max(count_B) + chunk - 1) // chunk
+
+    def one(c):
+        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk, axis=1)
+        r, l, u = sl(rows), sl(lo), sl(hi)
+        live = (c * chunk + jnp.arange(chunk, dtype=jnp.int32))[None] < count_B[:, None]  # [B, C]
+        k_pos = l[..., None] + jnp.arange(width, dtype=jnp.int32)[None, None]  # [B, C, K]
+        ok = live[..., None] & (k_pos <= u[..., None]) & (k_pos < n)
+        out, lse = _dense_rows(_gather(q_BxNxHxD, r[..., None]), _gather(k_BxNxGxD, k_pos),
+                               _gather(v_BxNxGxD, k_pos), ok[:, :, None], scale)
+        return out[:, :, 0], lse[:, :, 0]
+
+    out, lse = chunk_map(one, num_chunks, active)
+    return _unchunk(out)[:, :a].astype(q_BxNxHxD.dtype), _unchunk(lse)[:, :a]
