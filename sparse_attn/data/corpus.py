@@ -65,8 +65,8 @@ def split_files(root: pathlib.Path, relpaths: list[str], valid_fraction: float) 
     train = [p for p in relpaths if not is_validation_file(p, valid_fraction)]
     if not train or not valid:
         raise ValueError(
-                f"split of {len(relpaths)} files under {root} left an empty side "
-                f"(train={len(train)}, valid={len(valid)}); add files or change valid_fraction"
+            f"split of {len(relpaths)} files under {root} left an empty side "
+            f"(train={len(train)}, valid={len(valid)}); add files or change valid_fraction"
         )
     return ByteCorpus(_join(root, train), _join(root, valid), tuple(train), tuple(valid))
 
@@ -108,7 +108,7 @@ def text_corpus(path: str | os.PathLike, valid_fraction: float = 0.1, suffixes=(
             raise ValueError(f"{path} is too small ({data_U8.size} bytes) to split")
         return ByteCorpus(data_U8[:cut], data_U8[cut:], (path.name,), (path.name,))
     relpaths = sorted(
-            os.path.relpath(p, path) for p in path.rglob("*") if p.is_file() and p.suffix in suffixes
+        os.path.relpath(p, path) for p in path.rglob("*") if p.is_file() and p.suffix in suffixes
     )
     if not relpaths:
         raise FileNotFoundError(f"no files ending in {suffixes} under {path}")

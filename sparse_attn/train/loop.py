@@ -128,14 +128,17 @@ def train_and_evaluate(
 
         def flush(keep_last: bool) -> None:
             """Read (host-sync) metrics of dispatched steps; log them; stop on NaN/Inf."""
-            nonlocal pending, last_train
-            ready, pending = (pending[:-1], pending[-1:]) if keep_last else (pending, [])
-            for s, m in zip([s for s, _ in ready], jax.device_get([m for _, m in ready])):
+            nonlocal last_train
+            n = len(pending) - 1 if keep_last else len(pending)
+            values = jax.device_get([m for _, m in pending[:n]])
+            for m in values:
+                s = pending[0][0]
                 m = {k: float(np.asarray(v)) for k, v in m.items()}
                 _check_finite(s, m, manager.latest_step(), ckpt_dir)
                 writer.write(s, "train", m)
                 progress.update(s, m["loss"])
                 last_train = {"step": s, **m}
+                del pending[0]  # only once logged: a Ctrl-C mid-flush loses no step
 
         def save() -> None:
             checkpoint.save(manager, step, state, train_iter.get_state())

@@ -2,7 +2,9 @@
 
 import os
 import re
+import signal
 import subprocess
+import time
 
 import numpy as np
 import train_harness as tiny
@@ -49,3 +51,23 @@ def test_resume_at_the_end_only_evaluates(tmp_path):
     assert any("resumed" in m and "step 4" in m for m in messages)
     assert again["eval"] == first["eval"]
     assert again["step"] == 4 and "memory_mib" not in again  # nothing was compiled or trained
+
+
+def test_ctrl_c_saves_the_current_step(tmp_path):
+    workdir = str(tmp_path)
+    cmd = tiny.script_command(workdir, 100_000, "--checkpoint_every", 50_000)
+    with subprocess.Popen(cmd, env=tiny.script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            metrics = os.path.join(workdir, "metrics.jsonl")
+            deadline = time.monotonic() + 120
+            while not (os.path.exists(metrics) and len(read_metrics(workdir)) >= 20):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert "KeyboardInterrupt" in err
+    saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+    assert saved == [max(read_metrics(workdir))], saved  # the interrupted step, checked and saved
