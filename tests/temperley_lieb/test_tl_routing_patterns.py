@@ -106,18 +106,24 @@ def test_defect_pair_layer_from_arbitrary_diagrams():
   rng = np.random.default_rng(12)
 
   @jax.jit
-  def layer(p0, s):
+  def layer(p0, c0, s):
     n = p0.shape[0] // 2
-    out = dp.defect_pair_layer(p0, -jnp.ones(2 * n, jnp.int32), s, n, 0)
+    out = dp.defect_pair_layer(p0, c0, s, n, 1)
+    slow = dp.defect_pair_layer(p0, c0, s, n, 1, direct=False)  # general pointer-jumping TL kernel
     is_def, prv, nxt = dp.defects(p0)
     sel = selection.local_max_on_sequence(s, is_def & (nxt < n), prv, nxt)
-    return out, nxt, sel
+    return out, slow, nxt, sel
 
   for _ in range(60):
     n = int(rng.choice([4, 13]))
     p0 = dn.word_to_diagram(rng.integers(0, n - 1, int(rng.integers(0, n))), n)[0]
     s = rng.normal(size=n).astype(np.float32)
-    (p, c, loops, gs, ngen, npairs), nxt, sel = layer(jnp.asarray(p0, jnp.int32), jnp.asarray(s))
+    c0 = rng.integers(-1, n, 2 * n).astype(np.int32)  # arbitrary earlier creators must be carried over
+    c0 = np.maximum(c0, c0[p0])  # both ends of an arc share one creator
+    (p, c, loops, gs, ngen, npairs), slow, nxt, sel = layer(jnp.asarray(p0, jnp.int32), jnp.asarray(c0),
+                                                            jnp.asarray(s))
+    for a, b in zip((p, c, loops, gs, ngen, npairs), slow):
+      assert np.array_equal(np.asarray(a), np.asarray(b))
     nxt, sel = np.asarray(nxt), np.asarray(sel)
     want, gens = _host_defect_pair_layer(p0, sel)
     assert np.array_equal(np.asarray(p), want) and int(ngen) == len(gens) and int(loops) == 0
@@ -126,7 +132,10 @@ def test_defect_pair_layer_from_arbitrary_diagrams():
     assert set(dn.caps(want)) == set(dn.caps(p0)) | chosen and int(npairs) == len(chosen)
     old_def = [a for a in range(n) if p0[a] >= n and a not in {x for c in chosen for x in c}]
     assert [a for a, _ in dn.through_strands(want)] == old_def
-    gate = np.asarray(dp.creator_gate(c, gs))
+    gate = np.asarray(dp.creator_gate(c, jnp.concatenate([jnp.zeros(n), gs])))  # ids of layer 1 follow layer 0
+    untouched = [x for x in range(2 * n) if x not in {y for cap in chosen for y in cap} and x >= 0
+                 and not (x >= n and np.asarray(c)[x] >= n)]
+    assert np.array_equal(np.asarray(c)[untouched], c0[untouched])
     for a, b in chosen:  # the cap's gate is log σ of the score of the pair that created it
       np.testing.assert_allclose(gate[a], np.asarray(jax.nn.log_sigmoid(s[a])), rtol=1e-6)
 

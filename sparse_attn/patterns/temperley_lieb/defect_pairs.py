@@ -48,10 +48,35 @@ def layer_generators(p_2N: jax.Array, sel_top_N: jax.Array) -> tuple[jax.Array, 
   return gens, owner
 
 
-def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer: int, tau: float = 0.0):
+def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, prv_N, nxt_N, layer: int):
+  """The layer's product in O(n) without pointer jumping, using the construction's structure.
+
+  Chosen pairs become top caps; every generator x leaves the bottom cup (x, x+1); the outermost cups it consumed
+  disappear; everything else (other defects, inner cups, old caps) is untouched; no loop can close. A new cap's
+  creator is its pair's last generator (the one left of the right defect's bottom end), as in ``apply_layer``.
+  """
+  n = p_2N.shape[0] // 2
+  pos = jnp.arange(n, dtype=jnp.int32)
+  top = p_2N[:n]
+  is_right = (top >= n) & (prv_N >= 0) & sel_top_N[jnp.maximum(prv_N, 0)]
+  right_bot = jnp.where(sel_top_N, top[jnp.minimum(nxt_N, n - 1)], top) - n  # bottom end of the right defect
+  top_new = jnp.where(sel_top_N, nxt_N, jnp.where(is_right, prv_N, top))
+  gen_left = gens_N
+  gen_right = jnp.concatenate([jnp.zeros((1,), bool), gens_N[:-1]])
+  cov = gen_left | gen_right
+  mate = jnp.where(gen_left, pos + 1, pos - 1)
+  bot_new = jnp.where(cov, n + mate, p_2N[n:])
+  c_top = jnp.where(sel_top_N | is_right, layer * n + right_bot - 1, creator_2N[:n])
+  c_bot = jnp.where(cov, layer * n + jnp.where(gen_left, pos, pos - 1), creator_2N[n:])
+  return jnp.concatenate([top_new, bot_new]), jnp.concatenate([c_top, c_bot])
+
+
+def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer: int, tau: float = 0.0, *, direct: bool = True):
   """One routing layer. s_N[x]: score of the pair (x, next defect after x); pairs reaching >= ``limit`` are off.
 
-  Returns (p, creator, loops, gen_score_N, num_generators, num_pairs); generator instance ids are layer * n + x.
+  ``direct`` uses the O(n) structural update; False applies the generators by pointer jumping (the general TL
+  kernel; tests check both agree). Returns (p, creator, loops, gen_score_N, num_generators, num_pairs);
+  generator instance ids are layer * n + x.
   """
   n = p_2N.shape[0] // 2
   is_def, prv, nxt = defects(p_2N)
@@ -59,13 +84,17 @@ def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer: int, tau: float = 0.0
   sel = selection.local_max_on_sequence(s_N, ok, prv, nxt, tau)
   gens, owner = layer_generators(p_2N, sel)
   gen_score = jnp.where(owner >= 0, s_N[jnp.maximum(owner, 0)], 0.0)
-  ids = layer * n + jnp.arange(n - 1, dtype=jnp.int32)
-  p, c, loops = diagram_jax.apply_layer(p_2N, gens[: n - 1], creator_2N, ids)
+  if direct:
+    p, c = _direct_update(p_2N, creator_2N, sel, gens, prv, nxt, layer)
+    loops = jnp.zeros((), jnp.int32)
+  else:
+    ids = layer * n + jnp.arange(n - 1, dtype=jnp.int32)
+    p, c, loops = diagram_jax.apply_layer(p_2N, gens[: n - 1], creator_2N, ids)
   return p, c, loops, gen_score, jnp.sum(gens, dtype=jnp.int32), jnp.sum(sel, dtype=jnp.int32)
 
 
 def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int, num_layers: int, limit=None,
-                        tau: float = 0.0):
+                        tau: float = 0.0, *, direct: bool = True):
   """Builds one diagram with ``num_layers`` defect-pair layers.
 
   Args:
@@ -84,7 +113,7 @@ def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int,
   for t in range(num_layers):
     _, _, nxt = defects(p)
     s = score_fn(t, jnp.minimum(nxt, n - 1))
-    p, c, lp, gs, ng, npairs = defect_pair_layer(p, c, s, limit, t, tau)
+    p, c, lp, gs, ng, npairs = defect_pair_layer(p, c, s, limit, t, tau, direct=direct)
     loops, word_len, pairs = loops + lp, word_len + ng, pairs + npairs
     gen_scores.append(gs)
   return dict(p=p, creator=c, gen_scores=jnp.concatenate(gen_scores), loops=loops, word_length=word_len,

@@ -1,0 +1,54 @@
+"""Routers: one TL diagram per (batch, head) from the pair scores (pure functions of arrays; vmap over B and H).
+
+Each returns dict(p, creator, gen_scores, loops, word_length, pairs): the diagram, the generator id that created
+each point's arc, the score of every generator id (for the creator gate), and counts.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn.modules.routing.scorer import pair_scores
+from sparse_attn.patterns.temperley_lieb import defect_pairs, diagram_jax, diagram_np, selection
+
+
+def defect_pair_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0) -> dict:
+  """math_spec §A4.3 default: layer t scores adjacent unmatched strands and closes local-max pairs."""
+  m, num_layers = u_MxTxR.shape[:2]
+
+  def score(t, nxt_M):
+    return pair_scores(u_MxTxR[:, t], v_MxTxR[:, t], nxt_M, w_TxR[t], c_TxR[t], beta_T[t])
+
+  return defect_pairs.defect_pair_diagram(score, m, num_layers, limit, tau)
+
+
+def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0, k: int = 1) -> dict:
+  """The seed-literal ablation: layer t scores positions (i, i+1) and applies the k best local-max generators.
+
+  After the first layer the strands that e_i joins are no longer tokens i and i+1, so this router cannot build
+  nested brackets on purpose (math_spec §A4.3); it exists for comparison.
+  """
+  m, num_layers = u_MxTxR.shape[:2]
+  pos = jnp.arange(m - 1, dtype=jnp.int32)
+  p, c = diagram_jax.identity(m), jnp.full((2 * m,), -1, jnp.int32)
+  loops = word_len = jnp.zeros((), jnp.int32)
+  gen_scores = []
+  for t in range(num_layers):
+    s = pair_scores(u_MxTxR[:-1, t], v_MxTxR[:, t], pos + 1, w_TxR[t], c_TxR[t], beta_T[t])
+    sel = selection.top_k_independent(s, k, pos + 1 < limit, tau)
+    p, c, lp = diagram_jax.apply_layer(p, sel, c, t * m + pos)
+    loops, word_len = loops + lp, word_len + jnp.sum(sel, dtype=jnp.int32)
+    gen_scores.append(jnp.concatenate([s, jnp.zeros((1,), s.dtype)]))
+  return dict(p=p, creator=c, gen_scores=jnp.concatenate(gen_scores), loops=loops, word_length=word_len,
+              pairs=word_len)
+
+
+def brick_wall_router(m: int, depth: int, start: str = "even") -> dict:
+  """The fixed alternating pattern (no parameters): ring-local attention of radius 1 (math_spec §A4.1)."""
+  word = diagram_np.brick_wall_word(m, depth, start)
+  p, loops = diagram_np.word_to_diagram(np.array(word, np.int64), m)
+  return dict(p=jnp.asarray(p, jnp.int32), creator=jnp.full((2 * m,), -1, jnp.int32),
+              gen_scores=jnp.zeros((1,), jnp.float32), loops=jnp.asarray(loops, jnp.int32),
+              word_length=jnp.asarray(len(word), jnp.int32), pairs=jnp.asarray(len(word), jnp.int32))
