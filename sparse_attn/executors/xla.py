@@ -83,7 +83,7 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
     else:
         kb, vb = (_band(x, first, width) for x in (k_, v_))  # [B, G, Qb, C*bk, D]
         start = (jnp.arange(nb, dtype=jnp.int32) - first) * blk
-        k_pos = (start[:, None] + jnp.arange(width * blk, dtype=jnp.int32)).reshape(1, 1, nb, width * blk)
+        k_pos = (start[:, None] + jnp.arange(width * blk, dtype=jnp.int32)[None]).reshape(1, 1, nb, width * blk)
         in_band = (start, start + width * blk)
     parts_k, parts_v, parts_ok = [kb], [vb], []
     ok = _allowed(mask, layout, q_pos, k_pos) & ((k_pos >= 0) & (k_pos < n))[..., None, :]
@@ -112,8 +112,8 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
         ridx = rl.kv_idx[:, 0]  # [B', Qb, R]  (random blocks are shared by heads)
         cnt = rl.kv_count[:, 0]
         rk, rv = (_gather_blocks(x, ridx) for x in (k_, v_))  # [B, G, Qb, R*bk, D]
-        pos = (ridx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32)).reshape(ridx.shape[:2] + (-1,))[:, None]
-        slot = jnp.repeat(jnp.arange(layout.max_random) < cnt[..., None], blk, axis=-1)[:, None]
+        pos = (ridx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32).reshape(1, 1, 1, blk)).reshape(ridx.shape[:2] + (-1,))[:, None]
+        slot = jnp.repeat(jnp.arange(layout.max_random).reshape(1, 1, -1) < cnt[..., None], blk, axis=-1)[:, None]
         ok = layout.allowed(q_pos, pos) & (_outside(pos, in_band) & slot & (pos < n))[..., None, :]
         if mask.global_tokens is not None:  # counted by the global-key part already
             flat = pos.reshape(pos.shape[:2] + (-1,))
@@ -151,7 +151,7 @@ def _band(x_BxGxKbxbkxD, first: int, width: int):
 
 def _outside(pos, band):
     start, stop = band
-    return (pos < start[:, None]) | (pos >= stop[:, None])
+    return (pos < start.reshape(1, 1, -1, 1)) | (pos >= stop.reshape(1, 1, -1, 1))
 
 
 def _global_positions(mask: Intervals, b: int, n: int):

@@ -83,7 +83,7 @@ def _global_mask(global_tokens, n: int, valid_len) -> tuple[jax.Array, int]:
             raise ValueError("a global_tokens mask must be concrete (its count sizes static buffers); pass an int")
         count = max(int(common.host(g).sum(-1).max()), 1)
     if valid_len is not None:
-        g = g & (jnp.arange(n) < valid_len.reshape(-1, 1))
+        g = g & (jnp.arange(n)[None] < valid_len.reshape(-1, 1))
     return g, count
 
 
@@ -144,14 +144,14 @@ def document_mask(segment_ids, *, causal: bool = False, radius: int | None = Non
     if common.is_concrete(seg) and np.any(np.diff(common.host(seg), axis=1) < 0):
         raise ValueError("segment_ids must be non-decreasing along the sequence (contiguous documents)")
     valid_len = _valid(valid_len, n)
-    i = jnp.arange(n, dtype=jnp.int32)
+    i = jnp.arange(n, dtype=jnp.int32)[None]
     new = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
     end = jnp.concatenate([seg[:, 1:] != seg[:, :-1], jnp.ones_like(seg[:, :1], bool)], axis=1)
     start = jax.lax.cummax(jnp.where(new, i, 0), axis=1)
     stop = jax.lax.cummin(jnp.where(end, i, n - 1), axis=1, reverse=True)
     r = n if radius is None else radius
     lo = jnp.maximum(start, i - r)[:, None]
-    hi = (i[None] if causal else jnp.minimum(stop, i + r))[:, None]
+    hi = (jnp.broadcast_to(i, seg.shape) if causal else jnp.minimum(stop, i + r))[:, None]
     lo, hi = _clip(lo, hi, valid_len)
     reach = None if radius is None else (radius, 0 if causal else radius)
     return Intervals(lo, hi, valid_len=valid_len, causal=causal, reach=reach)

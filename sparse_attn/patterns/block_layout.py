@@ -149,7 +149,7 @@ def _compact(flag_BxHxRxM: jax.Array, cap: int) -> tuple[jax.Array, jax.Array, j
     count = jnp.sum(flag_BxHxRxM, axis=-1, dtype=jnp.int32)
     order = jnp.argsort(~flag_BxHxRxM, axis=-1, stable=True).astype(jnp.int32)[..., :cap]
     last = jnp.take_along_axis(order, jnp.clip(count - 1, 0, max(cap - 1, 0))[..., None], axis=-1) if cap else order
-    slot = jnp.arange(cap, dtype=jnp.int32)
+    slot = jnp.arange(cap, dtype=jnp.int32).reshape((1,) * count.ndim + (cap,))
     idx = jnp.where(slot < count[..., None], order, last) if cap else order
     overflow = jnp.sum(jnp.maximum(count - cap, 0))
     return count, idx, overflow
@@ -170,7 +170,7 @@ def classify_blocks(
     vl = jnp.full((1,), n, jnp.int32) if mask.valid_len is None else mask.valid_len.astype(jnp.int32)
     vl_b = vl.reshape(-1, 1, 1, 1)
 
-    row = jnp.arange(nqb * block_q, dtype=jnp.int32).reshape(nqb, block_q)
+    row = jnp.arange(nqb * block_q, dtype=jnp.int32).reshape(1, 1, nqb, block_q)
     lo = jnp.pad(mask.lo, ((0, 0), (0, 0), (0, pad)), constant_values=1).reshape(mask.lo.shape[:2] + (nqb, block_q))
     hi = jnp.pad(mask.hi, ((0, 0), (0, 0), (0, pad)), constant_values=0).reshape(lo.shape)
     row_valid = row < vl.reshape(-1, 1, 1, 1)  # [B|1, 1, Qb, bq]

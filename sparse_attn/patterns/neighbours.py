@@ -59,7 +59,7 @@ class NeighbourList:
         """float32[B|1, H|1, N, N]: the slot biases at their keys, -inf where not allowed."""
         n = self.num_tokens
         bias = jnp.zeros(self.idx.shape, jnp.float32) if self.bias is None else self.bias.astype(jnp.float32)
-        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype)) & self.valid[..., None]
+        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)) & self.valid[..., None]
         hit = jnp.any(onehot, axis=-2)
         val = jnp.sum(jnp.where(onehot, bias[..., None], 0.0), axis=-2)
         return jnp.where(hit, val, -jnp.inf)
@@ -67,5 +67,5 @@ class NeighbourList:
     def to_dense(self) -> jax.Array:
         """bool[B|1, H|1, N, N]: the oracle mask."""
         n = self.num_tokens
-        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype)) & self.valid[..., None]
+        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)) & self.valid[..., None]
         return jnp.any(onehot, axis=-2)

@@ -1,0 +1,43 @@
+"""The soft shared-label score q_uv = 1 - Π_i (1 - p_ui p_vi) in stable log space (math_spec §B2)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+PRODUCT_CLIP = 1.0 - 1e-7  # keeps log1p(-x) finite when p_u p_v rounds to 1 in float32
+DEFAULT_EPS = 1e-6
+
+
+def sigmoid(x: jax.Array) -> jax.Array:
+    """σ(x) as 0.5 (1 + tanh(x / 2)): no exp, so no overflow at small temperatures."""
+    return 0.5 * (1.0 + jnp.tanh(0.5 * x))
+
+
+def memberships(r_xL: jax.Array, tau) -> jax.Array:
+    """p = σ(R / τ) in float32."""
+    return sigmoid(r_xL.astype(jnp.float32) / tau)
+
+
+def log_no_share(p_u_xL: jax.Array, p_v_xL: jax.Array) -> jax.Array:
+    """L_uv = Σ_i log1p(-min(p_ui p_vi, 1 - 1e-7)) = log P(no shared label) <= 0; leading axes broadcast."""
+    prod = jnp.minimum(p_u_xL * p_v_xL, PRODUCT_CLIP)
+    return jnp.sum(jnp.log1p(-prod), axis=-1)
+
+
+def log_q(p_u_xL: jax.Array, p_v_xL: jax.Array, eps: float = DEFAULT_EPS) -> jax.Array:
+    """log(q_uv + eps) = log(-expm1(L_uv) + eps), finite in float32 where the direct formula gives -inf.
+
+    The self pair is not special-cased here: callers set q_uu := 1 (bias 0).
+    """
+    return jnp.log(-jnp.expm1(log_no_share(p_u_xL, p_v_xL)) + eps)
+
+
+def q_direct(p_u_xL: jax.Array, p_v_xL: jax.Array) -> jax.Array:
+    """1 - Π_i (1 - p_ui p_vi): the textbook form, for tests (loses precision when q is small)."""
+    return 1.0 - jnp.prod(1.0 - p_u_xL * p_v_xL, axis=-1)
+
+
+def q_self(p_u_xL: jax.Array) -> jax.Array:
+    """P(S_u non-empty) = 1 - Π_i (1 - p_ui): the probability the formula with p_ui² does not give (§B2)."""
+    return 1.0 - jnp.prod(1.0 - p_u_xL, axis=-1)
