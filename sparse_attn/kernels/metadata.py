@@ -94,7 +94,7 @@ def token_meta(mask: Intervals, lead: tuple[int, int], n_pad: int) -> TokenMeta:
     pad = n_pad - n
     lo = jnp.pad(jnp.broadcast_to(mask.lo, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=1)
     hi = jnp.pad(jnp.broadcast_to(mask.hi, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=0)
-    pos = jnp.arange(n, dtype=jnp.int32)
+    pos = jnp.arange(n, dtype=jnp.int32)[None]
     valid = jnp.ones((1, n), bool) if mask.valid_len is None else pos < mask.valid_len.reshape(-1, 1)
     tok = valid.astype(jnp.int32) * VALID
     if mask.global_tokens is not None:
@@ -109,9 +109,12 @@ def token_meta(mask: Intervals, lead: tuple[int, int], n_pad: int) -> TokenMeta:
 
 
 def tile_lists(mask: Intervals, random_blocks, max_random: int, lead, block_q: int, block_k: int) -> TileLists:
-    layout = BlockLayout.from_intervals(
-        mask, block_q, block_k, random_blocks=random_blocks, max_random=max_random, global_rows=False
-    )
+    # `classify_blocks` relies on implicit rank promotion (row [Qb, bq] < valid_len [B, 1, 1, 1]); allow it here so
+    # the kernels also run under jax_numpy_rank_promotion="raise" (reported to the patterns' owner).
+    with jax.numpy_rank_promotion("allow"):
+        layout = BlockLayout.from_intervals(
+            mask, block_q, block_k, random_blocks=random_blocks, max_random=max_random, global_rows=False
+        )
 
     def b(x):
         return jnp.broadcast_to(x, lead + x.shape[2:])
@@ -130,7 +133,8 @@ def tile_lists(mask: Intervals, random_blocks, max_random: int, lead, block_q: i
 
 def _flag_slots(flags_BxHxRxM, idx_BxHxRxC, count_BxHxR):
     got = jnp.take_along_axis(flags_BxHxRxM, idx_BxHxRxC, axis=-1)
-    return jnp.where(jnp.arange(idx_BxHxRxC.shape[-1]) < count_BxHxR[..., None], got, 0)
+    slot = jnp.arange(idx_BxHxRxC.shape[-1], dtype=jnp.int32).reshape(1, 1, 1, -1)
+    return jnp.where(slot < count_BxHxR[..., None], got, 0)
 
 
 def merged(count_p, idx_p, rand_p, count_f, idx_f, cap: int):
@@ -138,7 +142,7 @@ def merged(count_p, idx_p, rand_p, count_f, idx_f, cap: int):
 
     Returns (count, idx, masked, rand) with masked/rand int32 flags per slot (rand None when rand_p is None).
     """
-    t = jnp.arange(cap, dtype=jnp.int32)
+    t = jnp.arange(cap, dtype=jnp.int32).reshape((1,) * count_p.ndim + (cap,))
     cp, cf = count_p[..., None], count_f[..., None]
     from_p = t < cp
     take = lambda x, s: jnp.take_along_axis(x, jnp.clip(s, 0, x.shape[-1] - 1), axis=-1)  # noqa: E731
