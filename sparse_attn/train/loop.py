@@ -107,7 +107,6 @@ def train_and_evaluate(
             raise ValueError("eval_batches() yielded no batch")
         return {k: float(v) / n for k, v in jax.device_get(sums).items()}
 
-    writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
     summary = {"param_count": n_params, "num_devices": int(mesh.devices.size)}
     with jax.set_mesh(mesh), checkpoint.make_manager(workdir, config) as manager:
         ckpt_dir = str(manager.directory)
@@ -143,6 +142,7 @@ def train_and_evaluate(
         def save() -> None:
             checkpoint.save(manager, step, state, train_iter.get_state())
 
+        writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
         try:
             # ---------------------------------------------------------- compile; report before step 0

@@ -110,6 +110,19 @@ def run(workdir: str, train_config, log=lambda msg: None, loss_fn=loss_fn, kill_
     )
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def script_command(*args) -> list[str]:
+    """argv to run this file as a subprocess with the current interpreter."""
+    return [sys.executable, os.path.abspath(__file__), *map(str, args)]
+
+
+def script_env(**extra) -> dict:
+    env = {**os.environ, "PYTHONPATH": REPO, **{k: str(v) for k, v in extra.items()}}
+    return env
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir")
@@ -129,16 +142,3 @@ if __name__ == "__main__":
                   log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at)
     print(json.dumps({"process": jax.process_index(), "eval": summary["eval"], "train": summary["train"]}),
           flush=True)
-
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def script_command(*args) -> list[str]:
-    """argv to run this file as a subprocess with the current interpreter."""
-    return [sys.executable, os.path.abspath(__file__), *map(str, args)]
-
-
-def script_env(**extra) -> dict:
-    env = {**os.environ, "PYTHONPATH": REPO, **{k: str(v) for k, v in extra.items()}}
-    return env
