@@ -67,7 +67,7 @@ class _Trunk(nnx.Module):
         self.blocks = nnx.List([Block(config, a, rngs=rngs) for a in config.layer_attention()])
         self.norm = nnx.RMSNorm(config.model_dim, rngs=rngs)
 
-    def trunk(self, tokens_BxN, valid_len_B, step, causal: bool):
+    def trunk(self, tokens_BxN, valid_len_B, step, causal: bool, embeddings=None):
         b, n = tokens_BxN.shape
         if not jnp.issubdtype(tokens_BxN.dtype, jnp.integer):
             raise ValueError(f"tokens must be integers, got {tokens_BxN.dtype}")
@@ -75,7 +75,7 @@ class _Trunk(nnx.Module):
         ctx = AttentionContext(
             valid_len=valid_len, tokens=tokens_BxN, step=jnp.asarray(step, jnp.int32), causal=causal
         )
-        x = self.embed(tokens_BxN)
+        x = self.embed(tokens_BxN) if embeddings is None else embeddings
         aux = jnp.zeros((), jnp.float32)
         stats = {}
         for i, block in enumerate(self.blocks):
@@ -94,8 +94,9 @@ class TransformerLM(_Trunk):
         super().__init__(config, rngs=rngs)
         self.head = nnx.Linear(config.model_dim, config.vocab_size, rngs=rngs)
 
-    def __call__(self, tokens_BxN, *, valid_len=None, step=0) -> ModelOutput:
-        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=True)
+    def __call__(self, tokens_BxN, *, valid_len=None, step=0, embeddings=None) -> ModelOutput:
+        """`embeddings` [B, N, D] replaces the token embeddings (tests differentiate through them)."""
+        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=True, embeddings=embeddings)
         return ModelOutput(logits=self.head(h), aux_loss=aux, stats=stats)
 
 
