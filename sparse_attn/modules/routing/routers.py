@@ -32,17 +32,18 @@ def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float
   """
   m, num_layers = u_MxTxR.shape[:2]
   pos = jnp.arange(m - 1, dtype=jnp.int32)
-  p, c = diagram_jax.identity(m), jnp.full((2 * m,), -1, jnp.int32)
-  loops = word_len = jnp.zeros((), jnp.int32)
-  gen_scores = []
-  for t in range(num_layers):
+  zero = jnp.zeros((), jnp.int32)
+
+  def step(carry, t):
+    p, c, loops, word_len = carry
     s = pair_scores(u_MxTxR[:-1, t], v_MxTxR[:, t], pos + 1, w_TxR[t], c_TxR[t], beta_T[t])
     sel = selection.top_k_independent(s, k, pos + 1 < limit, tau)
     p, c, lp = diagram_jax.apply_layer(p, sel, c, t * m + pos)
-    loops, word_len = loops + lp, word_len + jnp.sum(sel, dtype=jnp.int32)
-    gen_scores.append(jnp.concatenate([s, jnp.zeros((1,), s.dtype)]))
-  return dict(p=p, creator=c, gen_scores=jnp.concatenate(gen_scores), loops=loops, word_length=word_len,
-              pairs=word_len)
+    return (p, c, loops + lp, word_len + jnp.sum(sel, dtype=jnp.int32)), jnp.concatenate([s, jnp.zeros((1,), s.dtype)])
+
+  init = (diagram_jax.identity(m), jnp.full((2 * m,), -1, jnp.int32), zero, zero)
+  (p, c, loops, word_len), gs_TxM = jax.lax.scan(step, init, jnp.arange(num_layers, dtype=jnp.int32))
+  return dict(p=p, creator=c, gen_scores=gs_TxM.reshape(-1), loops=loops, word_length=word_len, pairs=word_len)
 
 
 def brick_wall_router(m: int, depth: int, start: str = "even") -> dict:

@@ -48,7 +48,7 @@ def layer_generators(p_2N: jax.Array, sel_top_N: jax.Array) -> tuple[jax.Array, 
   return gens, owner
 
 
-def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, prv_N, nxt_N, layer: int):
+def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, prv_N, nxt_N, layer):
   """The layer's product in O(n) without pointer jumping, using the construction's structure.
 
   Chosen pairs become top caps; every generator x leaves the bottom cup (x, x+1); the outermost cups it consumed
@@ -71,7 +71,7 @@ def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, prv_N, nxt_N, layer: int
   return jnp.concatenate([top_new, bot_new]), jnp.concatenate([c_top, c_bot])
 
 
-def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer: int, tau: float = 0.0, *, direct: bool = True):
+def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer, tau: float = 0.0, *, direct: bool = True):
   """One routing layer. s_N[x]: score of the pair (x, next defect after x); pairs reaching >= ``limit`` are off.
 
   ``direct`` uses the O(n) structural update; False applies the generators by pointer jumping (the general TL
@@ -98,7 +98,7 @@ def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int,
   """Builds one diagram with ``num_layers`` defect-pair layers.
 
   Args:
-    score_fn: ``score_fn(t, next_N) -> s_N``, the layer-t score of each pair (x, next_N[x]) (next_N clipped to
+    score_fn: ``score_fn(t, next_N) -> s_N`` (t traced), the layer-t score of each pair (x, next_N[x]) (next_N clipped to
       n-1 where there is none; those entries are ignored).
     n: points per row (tokens, or 2 * tokens for the doubled TL_{2n}).
     limit: pairs must end below it (valid length); default n.
@@ -107,17 +107,18 @@ def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int,
     generator id), loops, word_length (generators applied), pairs (caps created).
   """
   limit = n if limit is None else limit
-  p, c = diagram_jax.identity(n), jnp.full((2 * n,), -1, jnp.int32)
-  loops = word_len = pairs = jnp.zeros((), jnp.int32)
-  gen_scores = []
-  for t in range(num_layers):
+  zero = jnp.zeros((), jnp.int32)
+
+  def step(carry, t):  # one compiled layer body, scanned T times
+    p, c, loops, word_len, pairs = carry
     _, _, nxt = defects(p)
     s = score_fn(t, jnp.minimum(nxt, n - 1))
     p, c, lp, gs, ng, npairs = defect_pair_layer(p, c, s, limit, t, tau, direct=direct)
-    loops, word_len, pairs = loops + lp, word_len + ng, pairs + npairs
-    gen_scores.append(gs)
-  return dict(p=p, creator=c, gen_scores=jnp.concatenate(gen_scores), loops=loops, word_length=word_len,
-              pairs=pairs)
+    return (p, c, loops + lp, word_len + ng, pairs + npairs), gs
+
+  init = (diagram_jax.identity(n), jnp.full((2 * n,), -1, jnp.int32), zero, zero, zero)
+  (p, c, loops, word_len, pairs), gs_TxN = jax.lax.scan(step, init, jnp.arange(num_layers, dtype=jnp.int32))
+  return dict(p=p, creator=c, gen_scores=gs_TxN.reshape(-1), loops=loops, word_length=word_len, pairs=pairs)
 
 
 def creator_gate(creator_2N: jax.Array, gen_scores: jax.Array) -> jax.Array:
