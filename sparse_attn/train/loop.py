@@ -7,7 +7,8 @@ factory, `loss_fn`, `eval_fn` and the data; see `experiments/lm.py`.
 from __future__ import annotations
 
 import math
-import os
+import signal
+import threading
 import time
 from typing import Callable, Iterable, Protocol
 
@@ -30,6 +31,31 @@ class ResumableIterator(Protocol):
 
 class NonFiniteLossError(FloatingPointError):
     """The loss or gradient norm became NaN/Inf; the run stopped without saving that state."""
+
+
+class _DeferredInterrupt:
+    """Turns the first Ctrl-C into a request the loop honours between steps.
+
+    A KeyboardInterrupt raised inside a step call would drop the new state after the old one
+    was donated (deleted), leaving nothing to save. A second Ctrl-C interrupts immediately.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():  # signals only work there
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        self.restore()
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def _check_finite(step: int, metrics: dict, last_good: int | None, ckpt_dir: str) -> None:
@@ -140,12 +166,14 @@ def train_and_evaluate(
                 del pending[0]  # only once logged: a Ctrl-C mid-flush loses no step
 
         def save() -> None:
-            checkpoint.save(manager, step, state, train_iter.get_state())
+            checkpoint.save(manager, step, state, data_state)
 
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
+        interrupt = _DeferredInterrupt()
         try:
             # ---------------------------------------------------------- compile; report before step 0
+            data_state = train_iter.get_state()  # the iterator as of `step`: saved with the state
             if step < config.num_steps:
                 batch = mesh_lib.shard_batch(next(train_iter), mesh)
                 compiled = train_step.lower(state, batch).compile()
@@ -156,7 +184,8 @@ def train_and_evaluate(
 
             # ---------------------------------------------------------- loop
             progress.start()
-            while step < config.num_steps:
+            interrupt.install()
+            while step < config.num_steps and not interrupt.requested:
                 state, metrics = compiled(state, batch)
                 step += 1
                 pending.append((step, metrics))
@@ -175,16 +204,17 @@ def train_and_evaluate(
                     progress.write(msg) if config.progress else info(msg)
                 if boundary_ckpt:
                     save()
-                if step < config.num_steps:
+                data_state = train_iter.get_state()
+                if step < config.num_steps and not interrupt.requested:
                     batch = mesh_lib.shard_batch(next(train_iter), mesh)
             flush(keep_last=False)
-        except KeyboardInterrupt:
-            # Keep the work done so far (the state of the last dispatched step, checked first).
-            flush(keep_last=False)
-            if manager.latest_step() != step:
-                save()
-            raise
+            if interrupt.requested:
+                # Keep the work done so far: the last dispatched state, checked above, then saved.
+                if manager.latest_step() != step:
+                    save()
+                raise KeyboardInterrupt(f"interrupted after step {step}; saved it to {ckpt_dir}")
         finally:
+            interrupt.restore()
             if progress is not None:
                 progress.close()
             writer.close()

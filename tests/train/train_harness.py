@@ -8,6 +8,7 @@ Also runnable as a script (subprocess tests: kill/resume, multi-process):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -124,6 +125,7 @@ def script_env(**extra) -> dict:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests dump stacks of a stuck run
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir")
     parser.add_argument("num_steps", type=int)
