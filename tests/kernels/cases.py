@@ -51,7 +51,6 @@ def random_layout(n: int, block: int, seed: int) -> BlockLayout:
 
 
 def make(kind: str, n: int = 256) -> Intervals | BlockLayout:
-    seg = jnp.asarray(np.repeat(np.arange(5), [40, 90, 1, 60, n - 191])[None].repeat(B, 0), jnp.int32)
     if kind == "dense":
         return baselines.dense(n)
     if kind == "causal":
@@ -64,8 +63,9 @@ def make(kind: str, n: int = 256) -> Intervals | BlockLayout:
         return baselines.longformer(n, 30, 3, valid_len=jnp.array([n - 56, n]))
     if kind == "bigbird":
         return baselines.bigbird(n, 20, 2, 1, 64, jax.random.key(3), batch=B)
-    if kind == "document":
-        return baselines.document_mask(seg, causal=True)
+    if kind == "document":  # packed documents, one of a single token
+        seg = np.repeat(np.arange(5), [40, 90, 1, 60, n - 191])[None].repeat(B, 0)
+        return baselines.document_mask(jnp.asarray(seg, jnp.int32), causal=True)
     if kind == "labels":  # per-head label sets over a causal window; pattern heads H' = H
         win = baselines.sliding_window(n, 100, causal=True)
         return dataclasses.replace(win, label_bits=_labels(n, H, 2, 0))
