@@ -1,16 +1,17 @@
 """Work-skipping executor for the hard label pattern: bucket-sorted keys, contiguous ranges, log-sum-exp merge.
 
 Each token is copied into its k label buckets (entries sorted by (label, position), `patterns.labels.buckets`).
-Inside a bucket the window is a contiguous range of entries, so a block of `block` consecutive entries reads one
-contiguous slice of `capacity` keys starting at its first needed key (no block alignment), scores it with one
-einsum, masks the range ends and the lowest-shared-label dedup, and softmaxes. A token's k bucket outputs and the
-landmark pass (landmarks outside the window, a small dense [N, L] pass) are merged by log-sum-exp. Every allowed
-pair is counted exactly once; the disallowed pairs of the window are never scored (except range ends inside a
-block's slice). Keys a block needs beyond its static capacity are counted in `info["overflow"]`, never hidden.
+Inside a bucket the window is a contiguous range of entries, so block x of `block` consecutive entries reads the
+static band of entries [x block - reach, (x + 1) block + reach) (no alignment to key blocks: built from shifted
+contiguous copies, no gather), scores it with one einsum, masks the range ends and the lowest-shared-label dedup,
+and softmaxes. A token's k bucket outputs and the landmark pass (landmarks outside the window: a small dense
+[N, L] pass) are merged by log-sum-exp. Every allowed pair is counted exactly once and only the band is scored.
+Keys a block needs beyond its static reach are counted in `info["overflow"]`, never hidden.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -22,17 +23,34 @@ from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.buckets import BucketLayout, bucket_layout
 
 DEFAULT_BLOCK = 128
+GROUP_ENTRIES = 1024  # entries per scan step: bounds the score-sized temporaries
 
 
-def default_capacity(n: int, base: BaseGraph, num_labels: int, top_k: int, block: int, factor: float = 1.25) -> int:
-    """Keys per block slice: the block plus `factor` times the expected bucket entries of the window, +4σ.
+def default_reach(n: int, base: BaseGraph, num_labels: int, top_k: int, factor: float = 1.25) -> int:
+    """Static key entries a block reads on each side of itself: `factor` x the expected bucket entries of one side
+    of the window, +4σ, rounded up to 8.
 
-    With balanced buckets a window of w positions holds ~ w k / d entries of a bucket (Poisson-like spread).
+    With balanced buckets one side of the window (w positions) holds ~ w k / d entries of a bucket (Poisson-like).
     """
-    sides = 1 if base.causal else 2
-    mu = sides * min(base.radius, n) * top_k / num_labels
-    cap = block + math.ceil(factor * mu + 4.0 * math.sqrt(mu)) + 1
-    return min(-(-cap // 8) * 8, n * top_k)
+    mu = min(base.radius, n) * top_k / num_labels
+    reach = math.ceil(factor * mu + 4.0 * math.sqrt(mu)) + 1
+    return min(-(-reach // 8) * 8, n * top_k)
+
+
+def _band(x_ExF: jax.Array, nb: int, block: int, left: int, width: int) -> jax.Array:
+    """[nb, width, ...]: rows b * block - left + t (t < width) of x, zero outside it.
+
+    Built from `ceil` static shifted copies of x cut into chunks of `block` rows — contiguous memory copies, no
+    gather, and its transpose is a sum of shifted slices, not a scatter.
+    """
+    a = -(-left // block)
+    off = a * block - left
+    nc = (off + width - 1) // block + 1
+    rows = nb * block
+    xp = jnp.pad(x_ExF, [(a * block, nc * block + rows - x_ExF.shape[0])] + [(0, 0)] * (x_ExF.ndim - 1))
+    xc = xp.reshape((-1, block) + x_ExF.shape[1:])
+    stacked = jnp.stack([xc[j : j + nb] for j in range(nc)], axis=1)
+    return stacked.reshape((nb, nc * block) + x_ExF.shape[1:])[:, off : off + width]
 
 
 def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
@@ -47,59 +65,166 @@ def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Ar
     return out, jnp.squeeze(lse, axis)
 
 
-def _exp_scores(s_f32, ok):
-    """(e, l, m): unnormalised exp(s - m) over allowed keys, its row sums and the row max (0 on empty rows).
+def _unband(dx_xCxF: jax.Array, rows: int, block: int, left: int) -> jax.Array:
+    """The transpose of `_band`: adds each band slot back onto its row; [rows, ...]."""
+    nb, width = dx_xCxF.shape[:2]
+    a = -(-left // block)
+    off = a * block - left
+    nc = (off + width - 1) // block + 1
+    tail = [(0, 0)] * (dx_xCxF.ndim - 2)
+    full = jnp.pad(dx_xCxF, [(0, 0), (off, nc * block - off - width)] + tail)
+    full = full.reshape((nb, nc, block) + dx_xCxF.shape[2:])
+    acc = jnp.zeros((nb + nc, block) + dx_xCxF.shape[2:], dx_xCxF.dtype)
+    for j in range(nc):
+        acc = acc + jnp.pad(full[:, j], [(j, nc - j), (0, 0)] + tail)
+    return acc.reshape((-1,) + dx_xCxF.shape[2:])[a * block : a * block + rows]
 
-    Normalising the [.., D] output instead of the [.., C] probabilities saves a pass over the scores; a masked
-    logit becomes -inf before `exp`, so its weight and gradient are exactly 0.
+
+def _groups(x, group: int):
+    """[nb, ...] -> [ng, group, ...], zero-padded."""
+    ng = -(-x.shape[0] // group)
+    x = jnp.pad(x, [(0, ng * group - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    return x.reshape((ng, group) + x.shape[1:])
+
+
+def _local_rows(x_pad, i, group: int, block: int, width: int):
+    """Rows of the (left-padded) entries that group i's band reads: [group * block + width - block, ...]."""
+    return jax.lax.dynamic_slice_in_dim(x_pad, i * group * block, group * block + width - block)
+
+
+def _scores(q_gxBxGxRxD, k_loc, ok_gxBxC, block, scale):
+    k_gxCxGxD = _band(k_loc, q_gxBxGxRxD.shape[0], block, 0, ok_gxBxC.shape[-1])
+    s = jnp.einsum("xbgrd,xcgd->xgrbc", q_gxBxGxRxD, k_gxCxGxD, preferred_element_type=jnp.float32) * scale
+    return jnp.where(ok_gxBxC[:, None, None], s, -jnp.inf), k_gxCxGxD
+
+
+def _padded(x_ExF, left: int, rows: int):
+    return jnp.pad(x_ExF, [(left, rows - left - x_ExF.shape[0])] + [(0, 0)] * (x_ExF.ndim - 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block: int, left: int, scale: float, group: int):
+    """Softmax attention of query block x over the entries [x block - left, x block - left + C) that ok allows.
+
+    Returns (out [x, B, G, R, D] float32, lse [x, G, R, B], -inf on empty rows). Blocks run `group` at a time in a
+    scan, so score-sized temporaries stay small; a flash-style custom VJP keeps only q, k, v, the mask, out and
+    lse and recomputes the scores in the backward pass.
     """
-    s = jnp.where(ok, s_f32, -jnp.inf)
-    m = jax.lax.stop_gradient(jnp.max(s, axis=-1))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(s - m[..., None])
-    return e, jnp.sum(e, axis=-1), m
+    return _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group)[0]
 
 
-def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block: int, capacity: int, dedup: bool):
-    """Attention of every entry over its bucket range: (out[E, G, R, D], lse[E, G, R], keys[E], overflow)."""
+def _geometry(nb, e, block, left, width, group):
+    ng = -(-nb // group)
+    rows = max(ng * group * block + width - block, left + e)
+    return ng, rows
+
+
+def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group):
+    nb, width = ok_xBxC.shape[0], ok_xBxC.shape[-1]
+    ng, rows = _geometry(nb, k_ExGxD.shape[0], block, left, width, group)
+    k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+
+    def one(_, xs):
+        q, ok, i = xs
+        s, _ = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
+        m = jnp.max(s, axis=-1)
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        e = jnp.exp(s - m[..., None])  # masked logits are -inf: weight exactly 0
+        l = jnp.sum(e, axis=-1)
+        v = _band(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        o = jnp.einsum("xgrbc,xcgd->xgrbd", e, v)
+        alive = l > 0
+        o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
+        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)
+        return None, (o, lse)
+
+    xs = (_groups(q_xBxGxRxD, group), _groups(ok_xBxC, group), jnp.arange(ng, dtype=jnp.int32))
+    _, (o, lse) = jax.lax.scan(one, None, xs)
+    o = o.reshape((-1,) + o.shape[2:])[:nb]
+    lse = lse.reshape((-1,) + lse.shape[2:])[:nb]
+    return (o, lse), (q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, o, lse)
+
+
+def _band_bwd(block, left, scale, group, res, cts):
+    q_all, k_ExGxD, v_ExGxD, ok_all, o_all, lse_all = res
+    do_all, dlse_all = cts  # the log-sum-exp merge differentiates lse too: d lse / d s = p
+    nb, width = ok_all.shape[0], ok_all.shape[-1]
+    e_rows = k_ExGxD.shape[0]
+    ng, rows = _geometry(nb, e_rows, block, left, width, group)
+    k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+    span = group * block + width - block
+
+    def one(carry, xs):
+        dk_pad, dv_pad = carry
+        q, ok, o, lse, do, dlse, i = xs
+        s, k = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
+        live = jnp.isfinite(lse)
+        p = jnp.exp(s - jnp.where(live, lse, 0.0)[..., None])  # [g, G, R, B, C]; 0 where masked
+        v = _band(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        do_t = jnp.transpose(do.astype(jnp.float32), (0, 2, 3, 1, 4))  # [g, G, R, B, D]
+        dv = jnp.einsum("xgrbc,xgrbd->xcgd", p, do_t)
+        dp = jnp.einsum("xgrbd,xcgd->xgrbc", do_t, v)
+        delta = jnp.transpose(jnp.sum(do.astype(jnp.float32) * o, axis=-1), (0, 2, 3, 1))
+        ds = p * (dp - delta[..., None] + dlse[..., None]) * scale
+        dq = jnp.einsum("xgrbc,xcgd->xbgrd", ds, k.astype(jnp.float32)).astype(q.dtype)
+        dk = jnp.einsum("xgrbc,xbgrd->xcgd", ds, q.astype(jnp.float32))
+        start = i * group * block
+        dk_pad = jax.lax.dynamic_update_slice_in_dim(
+            dk_pad, jax.lax.dynamic_slice_in_dim(dk_pad, start, span) + _unband(dk, span, block, 0), start, 0
+        )
+        dv_pad = jax.lax.dynamic_update_slice_in_dim(
+            dv_pad, jax.lax.dynamic_slice_in_dim(dv_pad, start, span) + _unband(dv, span, block, 0), start, 0
+        )
+        return (dk_pad, dv_pad), dq
+
+    zeros = jnp.zeros((rows,) + k_ExGxD.shape[1:], jnp.float32)
+    xs = tuple(_groups(x, group) for x in (q_all, ok_all, o_all, lse_all, do_all, dlse_all))
+    (dk_pad, dv_pad), dq = jax.lax.scan(one, (zeros, zeros), xs + (jnp.arange(ng, dtype=jnp.int32),))
+    dq = dq.reshape((-1,) + dq.shape[2:])[:nb]
+    dk = dk_pad[left : left + e_rows].astype(k_ExGxD.dtype)
+    dv = dv_pad[left : left + e_rows].astype(v_ExGxD.dtype)
+    return dq, dk, dv, None
+
+
+band_attention.defvjp(_band_fwd, _band_bwd)
+
+
+def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block: int, reach: int, causal: bool):
+    """Attention of every entry over its bucket range: (out[E, G, R, D], lse[E, G, R], keys[E], overflow).
+
+    Block b of entries reads the static band of entries [b block - reach, (b + 1) block + reach) (causal: up to
+    its own end): inside a bucket an entry's window range lies within `reach` entries of it unless the bucket is
+    locally denser than planned, which `overflow` counts.
+    """
     n, g, r, dh = q_NxGxRxD.shape
     e = lay.token_E.shape[0]
     nb = -(-e // block)
     pad = nb * block - e
-    cap = min(capacity, e)
-    tok = jnp.pad(lay.token_E, (0, pad))
+    width = block + reach + (0 if causal else reach)
     lo = jnp.pad(lay.lo_E, (0, pad), constant_values=1).reshape(nb, block)
     hi = jnp.pad(lay.hi_E, (0, pad), constant_values=0).reshape(nb, block)
+    tok = jnp.pad(lay.token_E, (0, pad))
     q_xBxGxRxD = q_NxGxRxD[tok].reshape(nb, block, g, r, dh)
-    k_ExGxD, v_ExGxD = k_NxGxD[lay.token_E], v_NxGxD[lay.token_E]
+    k_ExGxD = jnp.pad(k_NxGxD[lay.token_E], ((0, pad), (0, 0), (0, 0)))
+    v_ExGxD = jnp.pad(v_NxGxD[lay.token_E], ((0, pad), (0, 0), (0, 0)))
 
-    live = lo <= hi
-    start = jnp.min(jnp.where(live, lo, e), axis=1)
-    start = jnp.clip(start, 0, e - cap)  # the slice must lie inside the entries; it only moves left
-    kidx_xC = start[:, None] + jnp.arange(cap, dtype=jnp.int32)[None, :]
-    take = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(k_ExGxD, s, cap))
-    k_xCxGxD = take(start)
-    v_xCxGxD = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(v_ExGxD, s, cap))(start)
-
-    kj = kidx_xC[:, None, :]
+    first = jnp.arange(nb, dtype=jnp.int32)[:, None] * block - reach
+    kj = (first + jnp.arange(width, dtype=jnp.int32)[None, :])[:, None, :]  # [nb, 1, C] entry index of each slot
     ok_xBxC = (kj >= lo[..., None]) & (kj <= hi[..., None])
-    if dedup:
+    if lay.entry_NxK.shape[1] > 1:  # k = 1: one bucket per token, nothing to dedup
         below = jnp.pad(lay.below_E, ((0, pad), (0, 0))).reshape(nb, block, -1)
-        kbits = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(lay.bits_E, s, cap))(start)  # [nb, C, W]
+        kbits = _band(lay.bits_E, nb, block, reach, width)  # [nb, C, W]
         for w in range(below.shape[-1]):
             ok_xBxC = ok_xBxC & ((below[:, :, None, w] & kbits[:, None, :, w]) == 0)
 
-    s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, k_xCxGxD, preferred_element_type=jnp.float32) * scale
-    e_, l, m = _exp_scores(s, ok_xBxC[:, None, None])
-    o = jnp.einsum("xgrbc,xcgd->xgrbd", e_, v_xCxGxD.astype(jnp.float32))
-    alive = l > 0
-    o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
-    lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)
+    group = max(1, GROUP_ENTRIES // block)
+    o, lse = band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, reach, scale, group)
     o = o.reshape(nb * block, g, r, dh)[:e]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:e]
 
-    end = start + cap - 1
-    missing = jnp.where(live, jnp.maximum(hi - end[:, None], 0) + jnp.maximum(start[:, None] - lo, 0), 0)
+    live = lo <= hi
+    last = first[:, :1] + width - 1
+    missing = jnp.where(live, jnp.maximum(hi - last, 0) + jnp.maximum(first[:, :1] - lo, 0), 0)
     keys = jnp.sum(ok_xBxC, axis=-1, dtype=jnp.int32).reshape(-1)[:e]
     return o, lse, keys, jnp.sum(missing)
 
@@ -117,11 +242,11 @@ def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, s
     return o, lse, jnp.sum(ok_NxL, axis=-1, dtype=jnp.int32)
 
 
-def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, capacity):
+def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, reach):
     n, kk = labels_NxK.shape
     lay = bucket_layout(labels_NxK, num_labels, base, vl)
     o_E, lse_E, keys_E, overflow = _bucket_pass(
-        q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, capacity, dedup=kk > 1
+        q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal
     )
     outs, lses = [o_E[lay.entry_NxK]], [lse_E[lay.entry_NxK]]  # [N, k, G, R, (D)]
     keys = jnp.sum(keys_E[lay.entry_NxK], axis=1)
@@ -146,7 +271,7 @@ def bucketed_attention(
     scale: float | None = None,
     valid_len=None,
     block: int = DEFAULT_BLOCK,
-    capacity: int | None = None,
+    reach: int | None = None,
 ):
     """Hard label attention that skips the disallowed pairs' work.
 
@@ -154,11 +279,12 @@ def bucketed_attention(
       q_BxNxHxD, k_BxNxGxD, v_BxNxGxD: queries, keys, values (GQA: H % G == 0).
       labels_BxPxNxK: int32[B|1, P, N, k] each token's k distinct labels; P = 1 (shared by heads) or H.
       num_labels: d <= 64. base: the base graph H. valid_len: int32[B] or None.
-      block: entries per block. capacity: keys per block slice (default `default_capacity`).
+      block: entries per block. reach: key entries read on each side of a block (static capacity; default
+        `default_reach`, planned for balanced buckets).
 
     Returns:
       out [B, N, H, D], lse [B, N, H] (float32, -inf on padding), and info: `overflow` (int32, key slots a block
-      needed beyond its capacity, summed; 0 means exact), `keys` (int32[B, P, N], allowed keys per token, self
+      needed beyond its reach, summed; 0 means exact), `keys` (int32[B, P, N], allowed keys per token, self
       included).
     """
     b, n, h, dh = q_BxNxHxD.shape
@@ -174,7 +300,9 @@ def bucketed_attention(
     if block < 1:
         raise ValueError(f"block must be >= 1, got {block}")
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    capacity = capacity or default_capacity(n, base, num_labels, kk, block)
+    reach = default_reach(n, base, num_labels, kk) if reach is None else reach
+    if reach < 0:
+        raise ValueError(f"reach must be >= 0, got {reach}")
     p = labels_BxPxNxK.shape[1]
     r = h // g
     if p == 1:
@@ -190,7 +318,7 @@ def bucketed_attention(
 
     def one(q, k, v, lab, length):
         return _one_sequence(
-            q, k, v, lab, length, num_labels=num_labels, base=base, scale=scale, block=block, capacity=capacity
+            q, k, v, lab, length, num_labels=num_labels, base=base, scale=scale, block=block, reach=reach
         )
 
     per_head = jax.vmap(one, in_axes=(0, 0 if p > 1 else 0, 0 if p > 1 else 0, 0, None))
