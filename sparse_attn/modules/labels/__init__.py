@@ -1,0 +1,8 @@
+"""Label-intersection attention (seed 001): routing head, soft / straight-through / hard phases, NNX module."""
+
+from sparse_attn.modules.labels.attention import LabelAttention, label_core
+from sparse_attn.modules.labels.config import LabelAttentionConfig
+from sparse_attn.modules.labels.router import RoutingHead
+from sparse_attn.modules.labels.soft_attention import soft_label_attention
+
+__all__ = ["LabelAttention", "LabelAttentionConfig", "RoutingHead", "label_core", "soft_label_attention"]

@@ -1,0 +1,129 @@
+"""Soft and straight-through label attention over E(H) (math_spec §B2), for training.
+
+Soft: logits s_uv = q·k/√D + log(q_uv + ε) on E(H) ∪ self (q_uu := 1), softmax over N_H(u).
+Straight-through: the forward pass is the hard pattern (in H, m_u & m_v != 0, plus self); the weights are
+A_uv e^{s_uv} / Σ A e^{s} with A = A_hard + q - stop_gradient(q), so the router receives the soft phase's gradient
+through q on every edge of H (also on the edges the hard mask drops), while the output equals hard attention.
+
+Both score every edge of H (O(|E(H)| d) for the bias): the work-skipping path is `executors.labels_bucketed`.
+Query blocks of `block` positions read the window band [x block - w, (x + 1) block + w) plus the landmarks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.executors.labels_bucketed import band_rows
+from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.patterns.labels import bits as bits_lib
+from sparse_attn.patterns.labels import soft
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+
+MODES = ("soft", "straight_through")
+_EXP_CAP = 60.0  # dropped edges' logits may exceed the kept max; their forward weight is 0, keep exp finite
+
+
+def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, mode, eps, scale, block):
+    n, g, r, dh = q_NxGxRxD.shape
+    w = min(base.radius, n)
+    nb = -(-n // block)
+    width = block + w + (0 if base.causal else w)
+    lm = jnp.asarray(base.landmarks(n))
+    nl = lm.shape[0]
+
+    def keys(x_NxF):  # [nb, C + L, ...]: the window band, then the landmarks
+        band = band_rows(x_NxF, nb, block, w, width)
+        lmk = jnp.broadcast_to(x_NxF[lm][None], (nb, nl) + x_NxF.shape[1:])
+        return jnp.concatenate([band, lmk], axis=1)
+
+    pos = jnp.arange(n, dtype=jnp.int32)
+    qpos = (jnp.arange(nb, dtype=jnp.int32)[:, None] * block + jnp.arange(block, dtype=jnp.int32)[None])[..., None]
+    band_pos = jnp.arange(nb, dtype=jnp.int32)[:, None] * block - w + jnp.arange(width, dtype=jnp.int32)[None]
+    kpos = jnp.concatenate([band_pos, jnp.broadcast_to(lm[None], (nb, nl))], axis=1)[:, None, :]  # [nb, 1, C+L]
+    is_band = (jnp.arange(width + nl) < width)[None, None, :]
+    edge = jnp.where(is_band, base.in_window(qpos, kpos), base.landmark_edge(qpos, kpos))
+    edge = edge & (qpos < vl) & (kpos >= 0) & (kpos < vl)  # [nb, B, C+L]
+    selfp = kpos == qpos
+
+    pad = nb * block - n
+    padq = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])  # noqa: E731
+    bias = soft.log_q(padq(p_NxL)[:, :, None, :], keys(p_NxL)[:, None, :, :], eps)  # [nb, B, C+L]
+    q_xBxGxRxD = padq(q_NxGxRxD)
+    s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, keys(k_NxGxD), preferred_element_type=jnp.float32) * scale
+    vk = keys(v_NxGxD).astype(jnp.float32)
+    hard = edge & (bits_lib.shares(padq(bits_NxW)[:, :, None, :], keys(bits_NxW)[:, None, :, :]) | selfp)
+    if mode == "soft":
+        p, lse = masked_softmax(s + jnp.where(selfp, 0.0, bias)[:, None, None], edge[:, None, None])
+    else:
+        q_soft = jnp.where(selfp, 1.0, jnp.exp(bias) - eps)
+        a_st = hard.astype(jnp.float32) + q_soft - jax.lax.stop_gradient(q_soft)
+        ok = hard[:, None, None]
+        m = jax.lax.stop_gradient(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1, keepdims=True))
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        ex = jnp.where(edge[:, None, None], jnp.exp(jnp.minimum(jnp.where(edge[:, None, None], s, 0.0) - m, _EXP_CAP)), 0.0)
+        num = a_st[:, None, None] * ex
+        l = jnp.sum(num, axis=-1, keepdims=True)
+        alive = jax.lax.stop_gradient(jnp.any(ok, axis=-1, keepdims=True))
+        p = num / jnp.where(alive, l, 1.0)
+        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)[..., 0]
+    o = jnp.einsum("xgrbc,xcgd->xbgrd", p, vk).reshape(nb * block, g, r, dh)[:n]
+    lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:n]
+    keys_N = jnp.sum(hard, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
+    return o, lse, keys_N
+
+
+def soft_label_attention(
+    q_BxNxHxD,
+    k_BxNxGxD,
+    v_BxNxGxD,
+    p_BxPxNxL,
+    bits_BxPxNxW,
+    *,
+    base: BaseGraph,
+    mode: str = "soft",
+    eps: float = soft.DEFAULT_EPS,
+    scale: float | None = None,
+    valid_len=None,
+    block: int = 64,
+):
+    """Soft or straight-through label attention.
+
+    Args:
+      p_BxPxNxL: float32 memberships σ(R/τ), P = 1 (shared by heads) or H.
+      bits_BxPxNxW: uint32 top-k bitmasks (the hard pattern of the straight-through forward, and statistics).
+      mode: "soft" or "straight_through".
+
+    Returns:
+      out [B, N, H, D], lse [B, N, H], keys int32[B, P, N] (keys the hard pattern allows, self included).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    b, n, h, dh = q_BxNxHxD.shape
+    g = k_BxNxGxD.shape[2]
+    pp = p_BxPxNxL.shape[1]
+    if p_BxPxNxL.ndim != 4 or pp not in (1, h) or p_BxPxNxL.shape[2] != n or bits_BxPxNxW.shape[:3] != p_BxPxNxL.shape[:3]:
+        raise ValueError(f"memberships {p_BxPxNxL.shape} / bits {bits_BxPxNxW.shape} must be [B|1, 1|{h}, {n}, ...]")
+    scale = 1.0 / math.sqrt(dh) if scale is None else scale
+    r = h // g
+    if pp == 1:
+        q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
+        k5, v5 = k_BxNxGxD[:, None], v_BxNxGxD[:, None]
+    else:
+        q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
+        grp = jnp.arange(h) // r
+        k5 = jnp.transpose(k_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
+        v5 = jnp.transpose(v_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
+    p_all = jnp.broadcast_to(p_BxPxNxL, (b,) + p_BxPxNxL.shape[1:])
+    bits_all = jnp.broadcast_to(bits_BxPxNxW, (b,) + bits_BxPxNxW.shape[1:])
+    vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
+
+    def one(q, k, v, p, bits, length):
+        return _one(q, k, v, p, bits, length, base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None))
+    out, lse, keys = jax.vmap(per_head)(q6, k5, v5, p_all, bits_all, vl)
+    out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
+    return out, jnp.moveaxis(lse, 1, 2).reshape(b, n, h), keys

@@ -1,0 +1,52 @@
+"""Router losses (math_spec §B5), unweighted; the module multiplies by its config weights.
+
+Sizes are per sequence and label head: hard c_i = |B_i|, soft s_i = Σ_u p_ui over valid tokens.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _valid(n: int, valid_len) -> jax.Array:
+    """float32[B|1, 1, N, 1] 1 on real tokens."""
+    if valid_len is None:
+        return jnp.ones((1, 1, n, 1), jnp.float32)
+    return (jnp.arange(n)[None, :] < jnp.reshape(valid_len, (-1, 1))).astype(jnp.float32)[:, None, :, None]
+
+
+def sparsity(p_BxPxNxL: jax.Array, valid_len=None) -> jax.Array:
+    """mean(p) over valid tokens and labels: the seed's Σ p_ui, normalised."""
+    m = _valid(p_BxPxNxL.shape[2], valid_len)
+    m = jnp.broadcast_to(m, p_BxPxNxL.shape[:3] + (1,))
+    return jnp.sum(p_BxPxNxL * m) / (jnp.maximum(jnp.sum(m), 1.0) * p_BxPxNxL.shape[-1])
+
+
+def soft_sizes(p_BxPxNxL: jax.Array, valid_len=None) -> jax.Array:
+    """float32[B, P, L]: s_i = Σ_u p_ui."""
+    return jnp.sum(p_BxPxNxL * _valid(p_BxPxNxL.shape[2], valid_len), axis=2)
+
+
+def cv2(soft_BxPxL: jax.Array) -> jax.Array:
+    """Importance CV² = d Σ s_i² / (Σ s_i)² - 1, averaged over sequences: 0 iff uniform."""
+    d = soft_BxPxL.shape[-1]
+    tot = jnp.sum(soft_BxPxL, axis=-1)
+    val = d * jnp.sum(soft_BxPxL**2, axis=-1) / jnp.maximum(tot, 1e-9) ** 2 - 1.0
+    return jnp.mean(val)
+
+
+def switch(hard_BxPxL: jax.Array, soft_BxPxL: jax.Array) -> jax.Array:
+    """Switch-Transformer balance d Σ f_i P_i with f = c / Σ c (no gradient), P = s / Σ s: 1 at uniform."""
+    d = soft_BxPxL.shape[-1]
+    c = jax.lax.stop_gradient(hard_BxPxL.astype(jnp.float32))
+    f = c / jnp.maximum(jnp.sum(c, axis=-1, keepdims=True), 1.0)
+    pr = soft_BxPxL / jnp.maximum(jnp.sum(soft_BxPxL, axis=-1, keepdims=True), 1e-9)
+    return jnp.mean(d * jnp.sum(f * pr, axis=-1))
+
+
+def z_loss(r_BxPxNxL: jax.Array, valid_len=None) -> jax.Array:
+    """Router z-loss mean(logsumexp(R_u)²) over valid tokens (ST-MoE): keeps logits small, does not balance."""
+    z = jax.nn.logsumexp(r_BxPxNxL.astype(jnp.float32), axis=-1) ** 2
+    m = jnp.broadcast_to(_valid(r_BxPxNxL.shape[2], valid_len)[..., 0], z.shape)
+    return jnp.sum(z * m) / jnp.maximum(jnp.sum(m), 1.0)
