@@ -166,14 +166,15 @@ def train_and_evaluate(
                 del pending[0]  # only once logged: a Ctrl-C mid-flush loses no step
 
         def save() -> None:
-            checkpoint.save(manager, step, state, data_state)
+            # No batch is fetched-but-unused when we save: the iterator state matches `step`.
+            checkpoint.save(manager, step, state, train_iter.get_state())
 
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
         interrupt = _DeferredInterrupt()
         try:
             # ---------------------------------------------------------- compile; report before step 0
-            data_state = train_iter.get_state()  # the iterator as of `step`: saved with the state
+            batch = None
             if step < config.num_steps:
                 batch = mesh_lib.shard_batch(next(train_iter), mesh)
                 compiled = train_step.lower(state, batch).compile()
@@ -186,7 +187,10 @@ def train_and_evaluate(
             progress.start()
             interrupt.install()
             while step < config.num_steps and not interrupt.requested:
+                if batch is None:
+                    batch = mesh_lib.shard_batch(next(train_iter), mesh)
                 state, metrics = compiled(state, batch)
+                batch = None
                 step += 1
                 pending.append((step, metrics))
                 # Metrics of step t-1 are read after step t is dispatched: the device stays busy.
@@ -204,9 +208,6 @@ def train_and_evaluate(
                     progress.write(msg) if config.progress else info(msg)
                 if boundary_ckpt:
                     save()
-                data_state = train_iter.get_state()
-                if step < config.num_steps and not interrupt.requested:
-                    batch = mesh_lib.shard_batch(next(train_iter), mesh)
             flush(keep_last=False)
             if interrupt.requested:
                 # Keep the work done so far: the last dispatched state, checked above, then saved.

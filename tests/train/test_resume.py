@@ -1,4 +1,4 @@
-"""Train -> checkpoint -> SIGKILL -> resume reproduces the uninterrupted run's losses exactly."""
+"""Train -> checkpoint -> SIGKILL -> resume reproduces the uninterrupted run's losses exactly; Ctrl-C saves."""
 
 import os
 import re
@@ -7,9 +7,10 @@ import subprocess
 import time
 
 import numpy as np
+import orbax.checkpoint as ocp
 import train_harness as tiny
 
-from sparse_attn.train import read_metrics
+from sparse_attn.train import checkpoint, read_metrics
 
 NUM_STEPS, KILL_AT = 10, 6
 
@@ -72,3 +73,6 @@ def test_ctrl_c_saves_the_current_step(tmp_path):
     assert f"KeyboardInterrupt: interrupted after step {last}" in err, err[-3000:]
     saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
     assert saved == [last], saved  # the interrupted step, checked and saved
+    with checkpoint.make_manager(workdir, tiny.config()) as manager:
+        data = manager.restore(last, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+    assert data == {"seed": 0, "step": last}  # the iterator saved in step with the model
