@@ -50,8 +50,8 @@ class TileLists:
     """One layout's lists, lead [Bm, Hm]. Forward/dQ walk `kv_*` (masked) then `full_*`; dK/dV walk `q_*`, `full_q_*`.
 
     `*_rand` (int32, same shape as the index list, or None) flags a partial tile that is a BigBird random tile: all of
-    it is allowed before validity, causality and labels. `tpu_*` are the two lists merged into one capped list
-    (`tpu_masked` 1 for a partial tile) because the Mosaic kernels walk the list as a grid axis.
+    it is allowed before validity, causality and labels. Lists are exact (width = all tiles); the Mosaic kernels
+    merge partial and full lists into one capped list (`merged`, `capacity`) because they walk it as a grid axis.
     """
 
     kv_count: jax.Array
