@@ -37,12 +37,14 @@ def _route_and_pattern(m, x, vl):
 def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
   """Independent host simulation of §A4.3: defect lists, local max on the list, generators by walking cups."""
   p = dn.identity(n)
+  cap_score = {}
   for t in range(u.shape[1]):
     defects = [a for a in range(n) if p[a] >= n]
     pairs = [(defects[j], defects[j + 1]) for j in range(len(defects) - 1) if defects[j + 1] < limit]
     s = [float(_gelu(u[a, t] + v[b, t] + c[t]) @ w[t] + beta[t]) for a, b in pairs]
     chosen = [pairs[j] for j in range(len(pairs)) if s[j] > tau and (j == 0 or s[j] > s[j - 1])
               and (j + 1 == len(pairs) or s[j] >= s[j + 1])]
+    cap_score.update({pr: sc for pr, sc in zip(pairs, s) if pr in chosen})
     gens = []
     for a, b in chosen:
       x, end = int(p[a]) - n, int(p[b]) - n
@@ -54,14 +56,14 @@ def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
         y = r + 1
     for i in sorted(gens):
       dn.rmul_gen(p, i)
-  return p
+  return p, cap_score
 
 
 @pytest.mark.parametrize("doubled", [False, True])
 def test_defect_pair_router_equals_host_simulation(doubled):
   m = RoutingAttentionConfig(num_route_layers=3, doubled=doubled, **NO_ROPE).make(D, H, rngs=nnx.Rngs(0))
   x, vl = _x(), np.array([N, 9])
-  routed, _ = _route_and_pattern(m, x, jnp.asarray(vl))
+  routed, nl = _route_and_pattern(m, x, jnp.asarray(vl))
   feats = m.scorer.half_point_features if doubled else m.scorer.features
   u, v = (np.asarray(a) for a in feats(x))
   w, c, beta = (np.asarray(a[...]) for a in (m.scorer.w, m.scorer.c, m.scorer.beta))
@@ -69,9 +71,14 @@ def test_defect_pair_router_equals_host_simulation(doubled):
   for b in range(2):
     for h in range(H):
       limit = 2 * vl[b] if doubled else vl[b]
-      want = _host_defect_pair_router(u[b, h], v[b, h], w[h], c[h], beta[h], limit, pts)
+      want, cap_score = _host_defect_pair_router(u[b, h], v[b, h], w[h], c[h], beta[h], limit, pts)
       assert np.array_equal(routed["p"][b, h], want)
       assert not any(a >= limit or b2 >= limit for a, b2 in dn.caps(want))
+      if not doubled:  # creator gate: a cap's slot bias is log σ(score of the pair that closed it)
+        for (a, a2), sc in cap_score.items():
+          for q_, k_ in ((a, a2), (a2, a)):
+            np.testing.assert_allclose(nl.bias[b, h, q_, 1], -np.log1p(np.exp(-sc)), rtol=1e-5, atol=1e-6)
+            assert nl.idx[b, h, q_, 1] == k_
 
 
 def test_key_rows_of_module_equal_coo_of_its_diagrams():

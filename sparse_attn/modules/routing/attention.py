@@ -20,7 +20,7 @@ from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projecti
 from sparse_attn.modules.routing import routers
 from sparse_attn.modules.routing.scorer import PairScorer
 from sparse_attn.patterns.neighbours import NeighbourList
-from sparse_attn.patterns.temperley_lieb import defect_pairs, key_rows, stats
+from sparse_attn.patterns.temperley_lieb import key_rows, stats
 
 ROUTERS = ("defect_pair", "brick_wall", "adjacent_topk")
 ROWS = ("self_top_bottom", "self_top", "through")
@@ -102,13 +102,15 @@ class RoutingAttention(nnx.Module):
       u, v = self.scorer.features(x_BxNxD)
       limit_B = valid_len_B
     w, c, beta = self.scorer.w[...], self.scorer.c[...], self.scorer.beta[...]
+    sg = jax.lax.stop_gradient  # the construction is discrete; gates are recomputed differentiably in pattern()
     if cfg.router == "defect_pair":
       fn = lambda u1, v1, w1, c1, b1, lim: routers.defect_pair_router(u1, v1, w1, c1, b1, lim, tau=cfg.tau)  # noqa: E731
     else:
       k = max(1, math.ceil(cfg.topk_fraction * n))
       fn = lambda u1, v1, w1, c1, b1, lim: routers.adjacent_router(u1, v1, w1, c1, b1, lim, tau=cfg.tau, k=k)  # noqa: E731
     per_head = jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None))
-    return jax.vmap(per_head, in_axes=(0, 0, None, None, None, 0))(u, v, w, c, beta, limit_B)
+    routed = jax.vmap(per_head, in_axes=(0, 0, None, None, None, 0))(sg(u), sg(v), sg(w), sg(c), sg(beta), limit_B)
+    return dict(routed, u=u, v=v)
 
   def pattern(self, routed: dict, valid_len_B: jax.Array) -> NeighbourList:
     """The neighbour list [B, H, N, K] of the routed diagrams, creator gates as slot biases."""
@@ -120,16 +122,19 @@ class RoutingAttention(nnx.Module):
     else:
       rows_fn = lambda p: key_rows.key_rows(p, cup_slot=cfg.rows == "self_top_bottom")  # noqa: E731
 
-    def one(p, creator, gen_scores, vl):
+    def rows(p, vl):
       idx, valid, src = rows_fn(p)
-      valid = key_rows.mask_keys(idx, valid, vl)
-      bias = key_rows.row_bias(defect_pairs.creator_gate(creator, gen_scores), src)
-      return idx, valid, bias
+      return idx, key_rows.mask_keys(idx, valid, vl), src
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, None))
-    idx, valid, bias = jax.vmap(per_head)(routed["p"], routed["creator"], routed["gen_scores"], valid_len_B)
+    idx, valid, src = jax.vmap(jax.vmap(rows, in_axes=(0, None)))(routed["p"], valid_len_B)
     if not cfg.creator_gate or cfg.router == "brick_wall":
-      bias = None
+      return NeighbourList(idx=idx, valid=valid)
+    sc = self.scorer
+    gate = jax.vmap(routers.creator_gate, in_axes=(0, 0, 0, 0, 0, 0, 0))  # heads
+    gate = jax.vmap(gate, in_axes=(0, 0, 0, 0, None, None, None))  # batch
+    gate_BxHx2M = gate(routed["creator"], routed["right"], routed["u"], routed["v"], sc.w[...], sc.c[...],
+                       sc.beta[...])
+    bias = jax.vmap(jax.vmap(key_rows.row_bias))(gate_BxHx2M, src)
     return NeighbourList(idx=idx, valid=valid, bias=bias)
 
   def core(self, x_BxNxD, q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, valid_len_B) -> tuple[jax.Array, dict]:

@@ -1,7 +1,9 @@
 """Routers: one TL diagram per (batch, head) from the pair scores (pure functions of arrays; vmap over B and H).
 
-Each returns dict(p, creator, gen_scores, loops, word_length, pairs): the diagram, the generator id that created
-each point's arc, the score of every generator id (for the creator gate), and counts.
+Each returns dict(p, creator, gen_scores, loops, word_length, pairs, right): the diagram; for each point the id
+``t * m + left`` of the scored pair (left, right[left]) at layer t whose generators created its arc; the score of
+every id; counts. The diagrams are built without gradients; ``creator_gate`` recomputes the creators' scores
+differentiably, so the backward pass never runs through the T-layer construction.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ def defect_pair_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: fl
   def score(t, nxt_M):
     return pair_scores(u_MxTxR[:, t], v_MxTxR[:, t], nxt_M, w_TxR[t], c_TxR[t], beta_T[t])
 
-  return defect_pairs.defect_pair_diagram(score, m, num_layers, limit, tau)
+  out = defect_pairs.defect_pair_diagram(score, m, num_layers, limit, tau)
+  out["right"] = out["p"][:m]  # a pair (d, d') closed at any layer is a top cap of the final diagram
+  return out
 
 
 def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0, k: int = 1) -> dict:
@@ -43,7 +47,8 @@ def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float
 
   init = (diagram_jax.identity(m), jnp.full((2 * m,), -1, jnp.int32), zero, zero)
   (p, c, loops, word_len), gs_TxM = jax.lax.scan(step, init, jnp.arange(num_layers, dtype=jnp.int32))
-  return dict(p=p, creator=c, gen_scores=gs_TxM.reshape(-1), loops=loops, word_length=word_len, pairs=word_len)
+  return dict(p=p, creator=c, gen_scores=gs_TxM.reshape(-1), loops=loops, word_length=word_len, pairs=word_len,
+              right=jnp.minimum(jnp.arange(m, dtype=jnp.int32) + 1, m - 1))
 
 
 def brick_wall_router(m: int, depth: int, start: str = "even") -> dict:
@@ -52,4 +57,16 @@ def brick_wall_router(m: int, depth: int, start: str = "even") -> dict:
   p, loops = diagram_np.word_to_diagram(np.array(word, np.int64), m)
   return dict(p=jnp.asarray(p, jnp.int32), creator=jnp.full((2 * m,), -1, jnp.int32),
               gen_scores=jnp.zeros((1,), jnp.float32), loops=jnp.asarray(loops, jnp.int32),
-              word_length=jnp.asarray(len(word), jnp.int32), pairs=jnp.asarray(len(word), jnp.int32))
+              word_length=jnp.asarray(len(word), jnp.int32), pairs=jnp.asarray(len(word), jnp.int32),
+              right=jnp.arange(m, dtype=jnp.int32))
+
+
+def creator_gate(creator_2M, right_M, u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T) -> jax.Array:
+  """float[2m]: ``log σ(φ_t(left, right[left]))`` of each point's creator id ``t * m + left``; 0 without one."""
+  m = right_M.shape[0]
+  cid = jnp.maximum(creator_2M, 0)
+  t, left = cid // m, cid % m
+  right = right_M[left]
+  h = jax.nn.gelu(u_MxTxR[left, t] + v_MxTxR[right, t] + c_TxR[t])
+  s = jnp.sum(h * w_TxR[t], axis=-1) + beta_T[t]
+  return jnp.where(creator_2M >= 0, jax.nn.log_sigmoid(s), 0.0)

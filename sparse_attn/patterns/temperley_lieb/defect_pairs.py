@@ -48,26 +48,26 @@ def layer_generators(p_2N: jax.Array, sel_top_N: jax.Array) -> tuple[jax.Array, 
   return gens, owner
 
 
-def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, prv_N, nxt_N, layer):
+def _direct_update(p_2N, creator_2N, sel_top_N, gens_N, owner_N, prv_N, nxt_N, layer):
   """The layer's product in O(n) without pointer jumping, using the construction's structure.
 
   Chosen pairs become top caps; every generator x leaves the bottom cup (x, x+1); the outermost cups it consumed
-  disappear; everything else (other defects, inner cups, old caps) is untouched; no loop can close. A new cap's
-  creator is its pair's last generator (the one left of the right defect's bottom end), as in ``apply_layer``.
+  disappear; everything else (other defects, inner cups, old caps) is untouched; no loop can close. Every arc the
+  pair's generators create records the pair's id ``layer * n + left defect``.
   """
   n = p_2N.shape[0] // 2
   pos = jnp.arange(n, dtype=jnp.int32)
   top = p_2N[:n]
   is_right = (top >= n) & (prv_N >= 0) & sel_top_N[jnp.maximum(prv_N, 0)]
-  right_bot = jnp.where(sel_top_N, top[jnp.minimum(nxt_N, n - 1)], top) - n  # bottom end of the right defect
   top_new = jnp.where(sel_top_N, nxt_N, jnp.where(is_right, prv_N, top))
   gen_left = gens_N
   gen_right = jnp.concatenate([jnp.zeros((1,), bool), gens_N[:-1]])
   cov = gen_left | gen_right
   mate = jnp.where(gen_left, pos + 1, pos - 1)
   bot_new = jnp.where(cov, n + mate, p_2N[n:])
-  c_top = jnp.where(sel_top_N | is_right, layer * n + right_bot - 1, creator_2N[:n])
-  c_bot = jnp.where(cov, layer * n + jnp.where(gen_left, pos, pos - 1), creator_2N[n:])
+  c_top = jnp.where(sel_top_N, layer * n + pos, jnp.where(is_right, layer * n + prv_N, creator_2N[:n]))
+  gen_of = jnp.where(gen_left, pos, pos - 1)  # the generator covering each covered bottom point
+  c_bot = jnp.where(cov, layer * n + owner_N[jnp.maximum(gen_of, 0)], creator_2N[n:])
   return jnp.concatenate([top_new, bot_new]), jnp.concatenate([c_top, c_bot])
 
 
@@ -75,22 +75,21 @@ def defect_pair_layer(p_2N, creator_2N, s_N, limit, layer, tau: float = 0.0, *, 
   """One routing layer. s_N[x]: score of the pair (x, next defect after x); pairs reaching >= ``limit`` are off.
 
   ``direct`` uses the O(n) structural update; False applies the generators by pointer jumping (the general TL
-  kernel; tests check both agree). Returns (p, creator, loops, gen_score_N, num_generators, num_pairs);
-  generator instance ids are layer * n + x.
+  kernel; tests check both agree). Returns (p, creator, loops, s_N, num_generators, num_pairs). Creator ids
+  name the pair: ``layer * n + d`` for the pair whose left defect is d, so ``s_N`` indexes them.
   """
   n = p_2N.shape[0] // 2
   is_def, prv, nxt = defects(p_2N)
   ok = is_def & (nxt < limit)
   sel = selection.local_max_on_sequence(s_N, ok, prv, nxt, tau)
   gens, owner = layer_generators(p_2N, sel)
-  gen_score = jnp.where(owner >= 0, s_N[jnp.maximum(owner, 0)], 0.0)
   if direct:
-    p, c = _direct_update(p_2N, creator_2N, sel, gens, prv, nxt, layer)
+    p, c = _direct_update(p_2N, creator_2N, sel, gens, owner, prv, nxt, layer)
     loops = jnp.zeros((), jnp.int32)
   else:
-    ids = layer * n + jnp.arange(n - 1, dtype=jnp.int32)
+    ids = layer * n + owner[: n - 1]  # one id per pair: every path crosses one pair's generators only
     p, c, loops = diagram_jax.apply_layer(p_2N, gens[: n - 1], creator_2N, ids)
-  return p, c, loops, gen_score, jnp.sum(gens, dtype=jnp.int32), jnp.sum(sel, dtype=jnp.int32)
+  return p, c, loops, s_N, jnp.sum(gens, dtype=jnp.int32), jnp.sum(sel, dtype=jnp.int32)
 
 
 def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int, num_layers: int, limit=None,
@@ -103,8 +102,8 @@ def defect_pair_diagram(score_fn: Callable[[int, jax.Array], jax.Array], n: int,
     n: points per row (tokens, or 2 * tokens for the doubled TL_{2n}).
     limit: pairs must end below it (valid length); default n.
   Returns:
-    dict with p int32[2n], creator int32[2n] (generator ids, -1 for none), gen_scores float[T*n] (score of each
-    generator id), loops, word_length (generators applied), pairs (caps created).
+    dict with p int32[2n], creator int32[2n] (pair ids t*n + left defect, -1 for none), gen_scores float[T*n]
+    (score of each id; the pair (d, p[d]) of id t*n + d is a top cap of the final diagram), loops, word_length (generators applied), pairs (caps created).
   """
   limit = n if limit is None else limit
   zero = jnp.zeros((), jnp.int32)
