@@ -11,7 +11,8 @@ machine was shared with other jobs (the run got 37% of the 2 cores: 222 CPU-seco
 `loss_curves.png`, `summary.json`, `checkpoints/`. Re-running the command resumes from the last
 checkpoint; a finished run only re-evaluates.
 
-Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers).
+Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
+`ATTENTION_NAMES`: dense, local, longformer, bigbird, labels).
 Multi-host: see `sparse_attn/train/distributed.py` and docs/training.md.
 """
 
@@ -47,21 +48,33 @@ class LMConfig:
 
 # ---------------------------------------------------------------------------------------------- configs
 
+def _labels(window: int, seq_len: int):
+    from sparse_attn.modules.labels import LabelAttentionConfig  # noqa: PLC0415 — research mechanism
+
+    return LabelAttentionConfig(radius=window, block=min(128, seq_len), soft_block=min(64, seq_len))
+
+
+# Causal mechanisms only: non-crossing routing attention is bidirectional (encoders).
+ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels")
+
+
 def attention_by_name(name: str, seq_len: int):
     """The mechanisms available to `--attention`. On CPU at short lengths the dense masked
     reference executor is the fastest implementation, so the CPU configs pin it."""
     impl = "reference" if jax.default_backend() == "cpu" else None
     window = max(seq_len // 4, 1)
     table = {
-        "dense": DenseAttention(implementation=impl),
-        "local": LocalAttention(radius=window, implementation=impl),
-        "longformer": LongformerAttention(radius=window, num_global=1, implementation=impl),
-        "bigbird": BigBirdAttention(radius=window, num_global=1, num_random=1, block=min(32, seq_len),
-                                    implementation=impl),
+        "dense": lambda: DenseAttention(implementation=impl),
+        "local": lambda: LocalAttention(radius=window, implementation=impl),
+        "longformer": lambda: LongformerAttention(radius=window, num_global=1, implementation=impl),
+        "bigbird": lambda: BigBirdAttention(radius=window, num_global=1, num_random=1, block=min(32, seq_len),
+                                            implementation=impl),
+        "labels": lambda: _labels(window, seq_len),
     }
+    assert tuple(table) == ATTENTION_NAMES
     if name not in table:
         raise ValueError(f"unknown attention {name!r}; choose from {sorted(table)}")
-    return table[name]
+    return table[name]()
 
 
 def smoke() -> LMConfig:

@@ -4,6 +4,11 @@ import dataclasses
 import json
 import os
 
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
 from experiments import lm
 from sparse_attn.models import TransformerConfig
 from sparse_attn.train import TrainConfig, read_metrics
@@ -47,11 +52,16 @@ def test_train_resume_summary_and_plot(tmp_path, capsys):
     assert "loss=" in out.err  # the tqdm bar with the running loss
 
 
-def test_attention_names_are_checked():
-    assert isinstance(lm.attention_by_name("bigbird", 64), lm.BigBirdAttention)
-    try:
+def test_every_named_attention_builds_a_causal_lm():
+    for name in lm.ATTENTION_NAMES:
+        att = dataclasses.replace(lm.attention_by_name(name, 16), rope_base=None)  # see _micro
+        config = TransformerConfig(model_dim=32, num_heads=2, num_layers=1, mlp_dim=64, attention=att)
+        batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.zeros((2, 16), jnp.int32)}
+
+        def loss(config=config, batch=batch):
+            return lm.loss_fn(lm.TransformerLM(config, rngs=nnx.Rngs(0)), batch, jnp.zeros((), jnp.int32))
+
+        loss_shape, metrics = jax.eval_shape(loss)
+        assert loss_shape.shape == () and metrics["bits_per_byte"].shape == (), name
+    with pytest.raises(ValueError, match="dense"):
         lm.attention_by_name("nope", 64)
-    except ValueError as e:
-        assert "dense" in str(e)
-    else:
-        raise AssertionError("unknown attention accepted")
