@@ -10,11 +10,13 @@ import math
 import signal
 import threading
 import time
-from typing import Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sparse_attn.train import checkpoint, reporting
 from sparse_attn.train import mesh as mesh_lib

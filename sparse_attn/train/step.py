@@ -7,7 +7,7 @@ auxiliary losses (the models collect them).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
