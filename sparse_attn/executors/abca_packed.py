@@ -78,7 +78,7 @@ def chunk_map(fn, num_chunks: int, active_chunks: jax.Array):
     return jax.lax.map(jax.checkpoint(body), jnp.arange(num_chunks, dtype=jnp.int32))
 
 
-def _unchunk(x):
+def unchunk(x):
     """[num_chunks, B, chunk, ...] -> [B, num_chunks * chunk, ...]."""
     x = jnp.moveaxis(x, 0, 1)
     return x.reshape((x.shape[0], -1) + x.shape[3:])
@@ -89,7 +89,7 @@ def _gather(x_BxNxGxD, pos_BxCxK):
     return x_BxNxGxD[bi, jnp.clip(pos_BxCxK, 0, x_BxNxGxD.shape[1] - 1)]
 
 
-def _dense_rows(q_BxCxQxHxD, k_BxCxKxGxD, v_BxCxKxGxD, ok_BxCxQxK, scale: float):
+def dense_rows(q_BxCxQxHxD, k_BxCxKxGxD, v_BxCxKxGxD, ok_BxCxQxK, scale: float):
     """Small dense attentions, one per (batch, chunk row): (out [B, C, Q, H, D], lse [B, C, Q, H])."""
     b, c, nq, h, d = q_BxCxQxHxD.shape
     g = k_BxCxKxGxD.shape[3]
@@ -128,10 +128,10 @@ def packed_zone_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layou
         hi = _gather(hi_BxN[..., None, None], q_pos)[..., 0, 0]
         kp = k_pos[:, :, None, :]
         ok = row[..., None] & (lo[..., None] <= kp) & (kp <= hi[..., None]) & (kp < n)
-        return _dense_rows(_gather(q_BxNxHxD, q_pos), _gather(k_BxNxGxD, k_pos), _gather(v_BxNxGxD, k_pos), ok, scale)
+        return dense_rows(_gather(q_BxNxHxD, q_pos), _gather(k_BxNxGxD, k_pos), _gather(v_BxNxGxD, k_pos), ok, scale)
 
     out, lse = chunk_map(one, num_chunks, active)
-    out, lse = _unchunk(out), _unchunk(lse)  # [B, S', W, H, D], [B, S', W, H]
+    out, lse = unchunk(out), unchunk(lse)  # [B, S', W, H, D], [B, S', W, H]
     pos = jnp.arange(n, dtype=jnp.int32)[None]
     slot = layout.slot_of
     live = (slot >= 0) & (pos < n)
@@ -165,9 +165,9 @@ def window_rows_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, rows_BxA, lo_BxA, hi_
         live = (c * chunk + jnp.arange(chunk, dtype=jnp.int32))[None] < count_B[:, None]  # [B, C]
         k_pos = l[..., None] + jnp.arange(width, dtype=jnp.int32)[None, None]  # [B, C, K]
         ok = live[..., None] & (k_pos <= u[..., None]) & (k_pos < n)
-        out, lse = _dense_rows(_gather(q_BxNxHxD, r[..., None]), _gather(k_BxNxGxD, k_pos),
+        out, lse = dense_rows(_gather(q_BxNxHxD, r[..., None]), _gather(k_BxNxGxD, k_pos),
                                _gather(v_BxNxGxD, k_pos), ok[:, :, None], scale)
         return out[:, :, 0], lse[:, :, 0]
 
     out, lse = chunk_map(one, num_chunks, active)
-    return _unchunk(out)[:, :a].astype(q_BxNxHxD.dtype), _unchunk(lse)[:, :a]
+    return unchunk(out)[:, :a].astype(q_BxNxHxD.dtype), unchunk(lse)[:, :a]

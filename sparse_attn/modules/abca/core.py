@@ -1,0 +1,157 @@
+"""The ABCA attention core (SPEC §1): from projected q, k, v to the attention output, per head.
+
+  1. anchor gather   anchors attend both zones they bound [causal: the zone before]   -> anchor states s
+  2. handshake x h   s <- s + attn over {prev, self, next} anchors [causal: {prev, self}], or all anchors
+                     ("global", first `max_anchors`), with queries/keys/values re-projected from s
+  3. zone attention  interval tokens attend [left(t), right(t)] [causal: [left(t), t]], reading the two anchors'
+                     post-handshake keys/values; anchors output their post-handshake state s
+
+Implementations: "reference" (position-space patterns through the dense oracle), "xla_blocks" (the same patterns
+through the library's block-gather XLA executor), "xla" (packed: compact anchors + zones in slots; the default).
+All three compute the same function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.attention import attention
+from sparse_attn.executors import abca_packed
+from sparse_attn.modules.abca import anchor_ops
+from sparse_attn.modules.abca.anchor_ops import AnchorProjections
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.abca.zones import Zones
+
+IMPLEMENTATIONS = ("reference", "xla_blocks", "xla")
+
+
+def check_core_inputs(q, k, v, zones: Zones, *, max_zone: int, handshake: str, handshake_steps: int,
+                      max_anchors: int | None, implementation: str, slot_width: int | None) -> None:
+    if q.ndim != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError(f"ABCA needs q, k, v of one shape [B, N, H, D] (no GQA), got {q.shape}, {k.shape}, {v.shape}")
+    if zones.is_anchor.shape != q.shape[:2]:
+        raise ValueError(f"anchors {zones.is_anchor.shape} do not match q's [B, N] = {q.shape[:2]}")
+    if max_zone < 1:
+        raise ValueError(f"max_zone must be >= 1, got {max_zone}")
+    if handshake not in ("chain", "global"):
+        raise ValueError(f"handshake must be 'chain' or 'global', got {handshake!r}")
+    if handshake_steps < 1:
+        raise ValueError(f"handshake_steps must be >= 1, got {handshake_steps}")
+    if handshake == "global" and (max_anchors is None or max_anchors < 1):
+        raise ValueError("handshake='global' needs a static max_anchors >= 1")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown ABCA implementation {implementation!r}; have {IMPLEMENTATIONS}")
+    if slot_width is not None and slot_width < max_zone:
+        raise ValueError(f"slot_width ({slot_width}) must be >= max_zone ({max_zone})")
+
+
+def abca_core(
+    q_BxNxHxD: jax.Array,
+    k_BxNxHxD: jax.Array,
+    v_BxNxHxD: jax.Array,
+    zones: Zones,
+    proj: AnchorProjections,
+    *,
+    max_zone: int,
+    causal: bool = False,
+    handshake: str = "chain",
+    handshake_steps: int = 1,
+    max_anchors: int | None = None,
+    gate_BxN: jax.Array | None = None,
+    scale: float | None = None,
+    implementation: str = "xla",
+    slot_width: int | None = None,
+) -> tuple[jax.Array, dict]:
+    """One ABCA attention over zones whose anchors lie at most `max_zone` apart.
+
+    Args:
+      q_BxNxHxD, k_BxNxHxD, v_BxNxHxD: projected queries, keys, values (RoPE already applied to q, k).
+      zones: from `patterns.abca.compute_zones` on an anchor mask that satisfies the zone cap.
+      proj: the anchor re-projections.
+      gate_BxN: multiplies anchor outputs and values (1.0 forward; the straight-through path of learned placement).
+      slot_width: queries per slot of the packed executor (default max_zone).
+
+    Returns:
+      (out [B, N, H, D], info): info holds `handshake_overflow` int32[B] and, for "xla", `slots_used` int32[B].
+    """
+    check_core_inputs(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, max_zone=max_zone, handshake=handshake,
+                      handshake_steps=handshake_steps, max_anchors=max_anchors, implementation=implementation,
+                      slot_width=slot_width)
+    scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
+    gate = jnp.ones(zones.is_anchor.shape, jnp.float32) if gate_BxN is None else gate_BxN
+    kw = dict(max_zone=max_zone, causal=causal, handshake=handshake, handshake_steps=handshake_steps,
+              max_anchors=max_anchors, scale=scale)
+    if implementation == "xla":
+        return _packed(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, slot_width=slot_width or max_zone, **kw)
+    return _positional(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, implementation=implementation, **kw)
+
+
+def _positional(q, k, v, zones, proj, gate, *, max_zone, causal, handshake, handshake_steps, max_anchors, scale,
+                implementation):
+    """Every stage as a position-space pattern run by `sparse_attn.attention`."""
+    impl = "xla" if implementation == "xla_blocks" else implementation
+    run = lambda q_, k_, v_, p: attention(q_, k_, v_, p, implementation=impl, scale=scale)  # noqa: E731
+    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32)[None], zones.is_anchor.shape)
+    s = run(q, k, v, abca.gather_intervals(zones, causal=causal, max_zone=max_zone))
+    if handshake == "chain":
+        hs, overflow = abca.chain_handshake(zones, causal=causal), jnp.zeros_like(zones.num_anchors)
+    else:
+        hs, overflow = abca.global_handshake(zones, max_anchors=max_anchors, causal=causal)
+    for _ in range(handshake_steps):
+        s = s + run(proj.query(s, pos), proj.key(s, pos), proj.value(s, pos), hs)
+    anchor = zones.is_anchor[..., None, None]
+    g = gate[..., None, None].astype(q.dtype)
+    k3 = jnp.where(anchor, proj.key(s, pos), k)
+    v3 = jnp.where(anchor, proj.value(s, pos) * g, v)
+    o = run(q, k3, v3, abca.zone_intervals(zones, causal=causal, max_zone=max_zone))
+    return jnp.where(anchor, s * g, o), dict(handshake_overflow=overflow)
+
+
+def anchor_capacity(n: int, max_zone: int, max_anchors: int | None) -> int:
+    """Static compact-anchor capacity: `max_anchors`, else 4 ceil(n / max_zone) (4x the fewest anchors possible)."""
+    return min(n, max_anchors if max_anchors is not None else 4 * math.ceil(n / max_zone))
+
+
+def _packed(q, k, v, zones, proj, gate, *, max_zone, causal, handshake, handshake_steps, max_anchors, scale,
+            slot_width):
+    """Stage 1 key-major (O(N), any k); handshake on compact anchors when k <= capacity, else in position space
+    (exact either way, chosen at run time by `lax.cond`); zones packed into slots."""
+    b, n = zones.is_anchor.shape
+    bi = jnp.arange(b)[:, None]
+    pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], zones.is_anchor.shape)
+    s = anchor_ops.anchor_gather(q, k, v, zones, scale, causal=causal)
+    m = anchor_capacity(n, max_zone, max_anchors)
+    anc = jnp.minimum(abca.anchor_positions(zones, m), n - 1)
+    rank = jnp.clip(zones.zone_id, 0, m - 1)
+
+    def compact(s):
+        sc = anchor_ops.compact_handshake(s[bi, anc], anc, zones.num_anchors, proj, scale, causal=causal,
+                                          handshake=handshake, steps=handshake_steps)
+        return sc[bi, rank], proj.key(sc, anc)[bi, rank], proj.value(sc, anc)[bi, rank]
+
+    def positional(s):
+        for _ in range(handshake_steps):
+            if handshake == "global":
+                s = anchor_ops.global_step(s, zones, anc, proj, scale, causal=causal)
+            else:
+                s = anchor_ops.chain_step(s, zones, proj, scale, causal=causal)
+        return (s,) + anchor_ops.anchor_keys_values(s, zones, proj)
+
+    fits = jnp.all(zones.num_anchors <= m)
+    s, k_a, v_a = jax.lax.cond(fits, compact, positional, s)
+    overflow = jnp.maximum(zones.num_anchors - m, 0)
+    anchor = zones.is_anchor[..., None, None]
+    g = gate[..., None, None].astype(q.dtype)
+    k3 = jnp.where(anchor, k_a, k)
+    v3 = jnp.where(anchor, v_a * g, v)
+    zlo, zhi = abca.zone_lo_hi(zones, causal)
+    rows = ~zones.is_anchor & (zones.left >= 0)
+    layout = abca_packed.slot_layout(zones.left, zones.valid_len, slot_width)
+    o, _ = abca_packed.packed_zone_attention(q, k3, v3, jnp.where(rows, zlo, 0), jnp.where(rows, zhi, -1), layout,
+                                             scale, chunk=1)
+    info = dict(handshake_overflow=overflow if handshake == "global" else jnp.zeros_like(overflow),
+                anchor_overflow=overflow, slots_used=layout.used)
+    return jnp.where(anchor, s * g, o), info
