@@ -1,7 +1,8 @@
 """Triton-lowerable Pallas kernels: forward, dQ and dK/dV over data-dependent tile lists.
 
 Forward and dQ: grid (batch * head-groups, query tiles). A program owns `rp` query heads that share a KV head and a
-tile list (rp = H/G when the pattern is shared over heads, else 1), loads each K/V tile once for all of them, and
+tile list (rp | H/G within an accumulator budget when the pattern is shared over heads, else 1), loads each K/V tile
+once for all of them, and
 walks `fori_loop(0, count)` over the partial list (masked) then the full list (no mask). dK/dV: grid
 (batch * KV heads, key tiles); the program sums over the H/G query heads of its KV head, each walking the
 transposed lists of its pattern head. Metadata refs are whole arrays indexed by (b', h', tile, slot).
@@ -47,10 +48,21 @@ def _k_side(tok_ref, lab_ref, bm, hm, k0, bk, axis):
     return e(tok_ref[bm, sl]), labels
 
 
-def _grid_heads(h: int, g: int, hm: int) -> int:
-    """Query heads per forward/dQ program: the whole group when it shares one tile list and is a power of two."""
+# fp32 accumulator elements one program may hold for its query heads (one 128 x 128 tile): more heads per program
+# share K/V loads but spill registers.
+_ACC_BUDGET = 128 * 128
+
+
+def _grid_heads(h: int, g: int, hm: int, bq: int, d: int) -> int:
+    """Query heads per forward/dQ program: a power of two dividing the group when the group shares one tile list,
+    capped by the accumulator budget."""
     r = h // g
-    return r if hm == 1 and r & (r - 1) == 0 else 1
+    if hm != 1:
+        return 1
+    rp = 1
+    while r % (2 * rp) == 0 and 2 * rp * bq * d <= _ACC_BUDGET:
+        rp *= 2
+    return rp
 
 
 def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, do_bwd):
@@ -120,7 +132,7 @@ def _common(q, k, meta, lists):
     b, n_pad, h, d = q.shape
     g = k.shape[2]
     bmax, hmax = meta.lo.shape[:2]
-    rp = _grid_heads(h, g, hmax)
+    rp = _grid_heads(h, g, hmax, lists.block_q, d)
     return b, n_pad, h, d, g, bmax, hmax, rp
 
 

@@ -36,7 +36,8 @@ def _export(kind: str, backend: str, d: int):
     return exported.mlir_module()
 
 
-@pytest.mark.parametrize("kind,d", [("labels", 64), ("random_layout", 128)])
+# window_causal at d=64: two query heads per program (GQA sharing); labels: per-head lists.
+@pytest.mark.parametrize("kind,d", [("labels", 64), ("random_layout", 128), ("window_causal", 64)])
 def test_lowers_for_cuda(kind, d):
     module = _export(kind, "triton", d)
     assert module.count(_TRITON_CALL) == 3  # forward, dQ, dK/dV
