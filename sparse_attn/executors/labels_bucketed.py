@@ -37,7 +37,7 @@ def default_reach(n: int, base: BaseGraph, num_labels: int, top_k: int, factor: 
     return min(-(-reach // 8) * 8, n * top_k)
 
 
-def _band(x_ExF: jax.Array, nb: int, block: int, left: int, width: int) -> jax.Array:
+def band_rows(x_ExF: jax.Array, nb: int, block: int, left: int, width: int) -> jax.Array:
     """[nb, width, ...]: rows b * block - left + t (t < width) of x, zero outside it.
 
     Built from `ceil` static shifted copies of x cut into chunks of `block` rows — contiguous memory copies, no
@@ -66,7 +66,7 @@ def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Ar
 
 
 def _unband(dx_xCxF: jax.Array, rows: int, block: int, left: int) -> jax.Array:
-    """The transpose of `_band`: adds each band slot back onto its row; [rows, ...]."""
+    """The transpose of `band_rows`: adds each band slot back onto its row; [rows, ...]."""
     nb, width = dx_xCxF.shape[:2]
     a = -(-left // block)
     off = a * block - left
@@ -93,7 +93,7 @@ def _local_rows(x_pad, i, group: int, block: int, width: int):
 
 
 def _scores(q_gxBxGxRxD, k_loc, ok_gxBxC, block, scale):
-    k_gxCxGxD = _band(k_loc, q_gxBxGxRxD.shape[0], block, 0, ok_gxBxC.shape[-1])
+    k_gxCxGxD = band_rows(k_loc, q_gxBxGxRxD.shape[0], block, 0, ok_gxBxC.shape[-1])
     s = jnp.einsum("xbgrd,xcgd->xgrbc", q_gxBxGxRxD, k_gxCxGxD, preferred_element_type=jnp.float32) * scale
     return jnp.where(ok_gxBxC[:, None, None], s, -jnp.inf), k_gxCxGxD
 
@@ -131,7 +131,7 @@ def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group):
         m = jnp.where(jnp.isfinite(m), m, 0.0)
         e = jnp.exp(s - m[..., None])  # masked logits are -inf: weight exactly 0
         l = jnp.sum(e, axis=-1)
-        v = _band(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        v = band_rows(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
         o = jnp.einsum("xgrbc,xcgd->xgrbd", e, v)
         alive = l > 0
         o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
@@ -160,7 +160,7 @@ def _band_bwd(block, left, scale, group, res, cts):
         s, k = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
         live = jnp.isfinite(lse)
         p = jnp.exp(s - jnp.where(live, lse, 0.0)[..., None])  # [g, G, R, B, C]; 0 where masked
-        v = _band(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        v = band_rows(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
         do_t = jnp.transpose(do.astype(jnp.float32), (0, 2, 3, 1, 4))  # [g, G, R, B, D]
         dv = jnp.einsum("xgrbc,xgrbd->xcgd", p, do_t)
         dp = jnp.einsum("xgrbd,xcgd->xgrbc", do_t, v)
@@ -189,7 +189,7 @@ def _band_bwd(block, left, scale, group, res, cts):
 band_attention.defvjp(_band_fwd, _band_bwd)
 
 
-def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block: int, reach: int, causal: bool):
+def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block, reach, causal, group):
     """Attention of every entry over its bucket range: (out[E, G, R, D], lse[E, G, R], keys[E], overflow).
 
     Block b of entries reads the static band of entries [b block - reach, (b + 1) block + reach) (causal: up to
@@ -213,11 +213,10 @@ def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block: i
     ok_xBxC = (kj >= lo[..., None]) & (kj <= hi[..., None])
     if lay.entry_NxK.shape[1] > 1:  # k = 1: one bucket per token, nothing to dedup
         below = jnp.pad(lay.below_E, ((0, pad), (0, 0))).reshape(nb, block, -1)
-        kbits = _band(lay.bits_E, nb, block, reach, width)  # [nb, C, W]
+        kbits = band_rows(lay.bits_E, nb, block, reach, width)  # [nb, C, W]
         for w in range(below.shape[-1]):
             ok_xBxC = ok_xBxC & ((below[:, :, None, w] & kbits[:, None, :, w]) == 0)
 
-    group = max(1, GROUP_ENTRIES // block)
     o, lse = band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, reach, scale, group)
     o = o.reshape(nb * block, g, r, dh)[:e]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:e]
@@ -242,11 +241,11 @@ def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, s
     return o, lse, jnp.sum(ok_NxL, axis=-1, dtype=jnp.int32)
 
 
-def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, reach):
+def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, reach, group):
     n, kk = labels_NxK.shape
     lay = bucket_layout(labels_NxK, num_labels, base, vl)
     o_E, lse_E, keys_E, overflow = _bucket_pass(
-        q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal
+        q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal, group
     )
     outs, lses = [o_E[lay.entry_NxK]], [lse_E[lay.entry_NxK]]  # [N, k, G, R, (D)]
     keys = jnp.sum(keys_E[lay.entry_NxK], axis=1)
@@ -272,6 +271,7 @@ def bucketed_attention(
     valid_len=None,
     block: int = DEFAULT_BLOCK,
     reach: int | None = None,
+    group_entries: int = GROUP_ENTRIES,
 ):
     """Hard label attention that skips the disallowed pairs' work.
 
@@ -280,7 +280,7 @@ def bucketed_attention(
       labels_BxPxNxK: int32[B|1, P, N, k] each token's k distinct labels; P = 1 (shared by heads) or H.
       num_labels: d <= 64. base: the base graph H. valid_len: int32[B] or None.
       block: entries per block. reach: key entries read on each side of a block (static capacity; default
-        `default_reach`, planned for balanced buckets).
+        `default_reach`, planned for balanced buckets). group_entries: entries per scan step (memory bound).
 
     Returns:
       out [B, N, H, D], lse [B, N, H] (float32, -inf on padding), and info: `overflow` (int32, key slots a block
@@ -318,10 +318,11 @@ def bucketed_attention(
 
     def one(q, k, v, lab, length):
         return _one_sequence(
-            q, k, v, lab, length, num_labels=num_labels, base=base, scale=scale, block=block, reach=reach
+            q, k, v, lab, length, num_labels=num_labels, base=base, scale=scale, block=block, reach=reach,
+            group=max(1, group_entries // block),
         )
 
-    per_head = jax.vmap(one, in_axes=(0, 0 if p > 1 else 0, 0 if p > 1 else 0, 0, None))
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
     out, lse, keys, overflow = jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0))(q6, k5, v5, labels, vl)
     # out [B, P, N, G', R', D] -> [B, N, H, D]
     out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)

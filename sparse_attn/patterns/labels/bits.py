@@ -48,7 +48,7 @@ def pack_memberships(z_xL: jax.Array) -> jax.Array:
     """uint32[..., W] bitmask of a boolean membership matrix Z[..., d]."""
     d = z_xL.shape[-1]
     check_labels(d, 1)
-    labels = jnp.arange(d, dtype=jnp.int32)
+    labels = jnp.arange(d, dtype=jnp.int32).reshape((1,) * (z_xL.ndim - 1) + (d,))
     words = []
     for w in range(num_words(d)):
         words.append(jnp.bitwise_or.reduce(jnp.where(z_xL, _bit(labels, w), jnp.uint32(0)), axis=-1))
@@ -101,4 +101,5 @@ def memberships_from_bits(bits_xW: jax.Array, num_labels: int) -> jax.Array:
     """bool[..., d]: unpacks a bitmask (the inverse of `pack_memberships`)."""
     labels = jnp.arange(num_labels, dtype=jnp.int32)
     word = jnp.take(bits_xW, labels // 32, axis=-1)
-    return (jnp.right_shift(word, (labels % 32).astype(jnp.uint32)) & jnp.uint32(1)) == 1
+    shift = (labels % 32).astype(jnp.uint32).reshape((1,) * (word.ndim - 1) + (num_labels,))
+    return (jnp.right_shift(word, shift) & jnp.uint32(1)) == 1

@@ -1,0 +1,43 @@
+"""Independent numpy oracles for label attention (SPEC §2 definitions, float64), shared by the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def base_graph(n: int, radius: int, landmark_every: int, causal: bool, valid_len: int | None = None) -> np.ndarray:
+    """bool[N, N]: E(H) ∪ self from the SPEC §2 wording, written from scratch."""
+    vl = n if valid_len is None else valid_len
+    h = np.zeros((n, n), bool)
+    for u in range(vl):
+        for v in range(vl):
+            near = (0 <= u - v <= radius) if causal else abs(u - v) <= radius
+            landmark = landmark_every > 0 and v % landmark_every == 0 and (v <= u or not causal)
+            h[u, v] = near or landmark or u == v
+    return h
+
+
+def hard_mask(z_NxL: np.ndarray, h_NxN: np.ndarray) -> np.ndarray:
+    """bool[N, N]: in H and (Z Zᵀ > 0), plus self on H's diagonal."""
+    share = (z_NxL.astype(np.int64) @ z_NxL.T.astype(np.int64)) > 0
+    return h_NxN & (share | np.eye(len(h_NxN), dtype=bool))
+
+
+def z_from_labels(labels_NxK: np.ndarray, num_labels: int) -> np.ndarray:
+    z = np.zeros((labels_NxK.shape[0], num_labels), bool)
+    np.put_along_axis(z, np.asarray(labels_NxK), True, axis=1)
+    return z
+
+
+def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):
+    """float64 masked softmax attention; rows with no key give 0."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q_NxD, k_NxD, v_NxD))
+    s = q @ k.T * (scale if scale is not None else 1 / np.sqrt(q.shape[-1]))
+    if bias_NxN is not None:
+        s = s + bias_NxN
+    s = np.where(mask_NxN, s, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(mask_NxN, np.exp(s - m), 0.0)
+    l = e.sum(-1, keepdims=True)
+    return np.where(l > 0, (e / np.where(l > 0, l, 1.0)) @ v, 0.0)

@@ -1,0 +1,131 @@
+"""The bucket-sorted work-skipping executor == the dense reference on the same label pattern (outputs, grads)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
+from sparse_attn.executors.reference import reference_attention
+from sparse_attn.patterns.labels import bits as B
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.pattern import LabelPattern
+
+TOL = dict(atol=2e-5, rtol=2e-5)  # float32 executor vs float32 dense reference
+
+
+def _qkv(b, n, h, g, dh, seed=0):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return (
+        jax.random.normal(ks[0], (b, n, h, dh)),
+        jax.random.normal(ks[1], (b, n, g, dh)),
+        jax.random.normal(ks[2], (b, n, g, dh)),
+        jax.random.normal(ks[3], (b, n, h, dh)),
+    )
+
+
+@pytest.mark.parametrize(
+    "label_heads,causal,d,k,block,reach,group",
+    [
+        (1, False, 8, 2, 16, None, 1024),
+        (1, True, 40, 3, 8, 12, 16),  # two bitmask words, several scan groups, band not block-aligned
+        (4, False, 6, 1, 16, 8, 32),  # per-head labels, k = 1 (no dedup)
+        (4, True, 8, 2, 32, None, 64),
+    ],
+)
+def test_outputs_and_gradients_match_the_reference(label_heads, causal, d, k, block, reach, group):
+    b, n, h, g, dh = 2, 56, 4, 2, 8
+    q, kk, v, ct = _qkv(b, n, h, g, dh)
+    labels = B.top_k_labels(jax.random.normal(jax.random.PRNGKey(7), (b, label_heads, n, d)), k)
+    vl = jnp.asarray([n, 41])
+    base = BaseGraph(radius=9, landmark_every=13, causal=causal)
+    pattern = LabelPattern(B.pack_labels(labels, d), vl, base)
+    reach = reach if reach is not None else n * k
+
+    def ours(q, kk, v):
+        out, lse, info = bucketed_attention(
+            q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=block, reach=reach, group_entries=group
+        )
+        return out, lse, info
+
+    def ref(q, kk, v):
+        return reference_attention(q, kk, v, pattern, 1 / np.sqrt(dh))
+
+    out, lse, info = jax.jit(ours)(q, kk, v)
+    r_out, r_lse = ref(q, kk, v)
+    assert int(info["overflow"]) == 0
+    np.testing.assert_allclose(np.asarray(out), np.asarray(r_out), **TOL)
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(r_lse))
+    np.testing.assert_allclose(np.asarray(jnp.where(jnp.isfinite(r_lse), lse, 0)), np.asarray(jnp.where(jnp.isfinite(r_lse), r_lse, 0)), **TOL)
+    np.testing.assert_array_equal(
+        np.asarray(info["keys"]), np.broadcast_to(np.asarray(pattern.to_dense()).sum(-1), info["keys"].shape)
+    )
+    loss = lambda fn: lambda *a: jnp.sum(fn(*a)[0] * ct) + jnp.sum(jnp.where(jnp.isfinite(fn(*a)[1]), fn(*a)[1], 0))  # noqa: E731
+    g_ours = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, kk, v)
+    g_ref = jax.grad(loss(ref), argnums=(0, 1, 2))(q, kk, v)
+    for a, r in zip(g_ours, g_ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), **TOL)
+
+
+def test_masked_keys_and_padding_get_exactly_zero_gradient():
+    b, n, h, dh, d = 1, 40, 2, 8, 8
+    q, kk, v, ct = _qkv(b, n, h, h, dh, seed=1)
+    labels = B.top_k_labels(jax.random.normal(jax.random.PRNGKey(3), (1, 1, n, d)), 2)
+    base = BaseGraph(radius=4, landmark_every=10)
+    vl = jnp.asarray([33])
+    mask = np.asarray(LabelPattern(B.pack_labels(labels, d), vl, base).to_dense())[0, 0]
+    u = 20
+    fn = lambda kk, v: bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)[0]  # noqa: E731
+    gk, gv = jax.grad(lambda kk, v: jnp.sum(fn(kk, v)[0, u] * ct[0, u]), argnums=(0, 1))(kk, v)
+    hit = np.any(np.asarray(gk)[0] != 0, axis=(1, 2)) | np.any(np.asarray(gv)[0] != 0, axis=(1, 2))
+    np.testing.assert_array_equal(hit, mask[u])
+    out = fn(kk, v)
+    assert np.all(np.asarray(out)[0, 33:] == 0)
+    gq = jax.grad(lambda q: jnp.sum(bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl)[0]))(q)
+    assert np.all(np.asarray(gq)[0, 33:] == 0)
+
+
+def test_every_token_disconnected_gives_its_own_value_and_no_nan():
+    b, n, h, dh = 1, 32, 2, 4
+    q, kk, v, _ = _qkv(b, n, h, h, dh, seed=2)
+    labels = (jnp.arange(n) % 32).reshape(1, 1, n, 1)  # distinct labels: no token shares one
+    for base in (BaseGraph(radius=3), BaseGraph(radius=0), BaseGraph(radius=5, landmark_every=8, causal=True)):
+        fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=32, base=base)  # noqa: E731
+        out, lse, info = fn(q, kk, v)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(v), atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(info["keys"]), 1)
+        grads = jax.grad(lambda *a: jnp.sum(fn(*a)[0]), argnums=(0, 1, 2))(q, kk, v)
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in grads)
+        np.testing.assert_array_equal(np.asarray(grads[1]), 0.0)  # softmax over one key: logits do not matter
+
+
+def test_overflow_is_counted_when_the_reach_is_too_small():
+    b, n, h, dh, d = 1, 64, 2, 8, 4
+    q, kk, v, _ = _qkv(b, n, h, h, dh, seed=3)
+    labels = jnp.zeros((1, 1, n, 1), jnp.int32)  # one bucket holds every token: the window spans 2*10 entries
+    base = BaseGraph(radius=10)
+    _, _, info = bucketed_attention(q, kk, v, labels, num_labels=d, base=base, block=8, reach=4)
+    # Entry u needs [u-10, u+10]; a block reads [start-4, end+4]: slots beyond it are counted exactly.
+    want = 0
+    for u in range(n):
+        first, last = (u // 8) * 8 - 4, (u // 8) * 8 + 8 + 4 - 1
+        lo, hi = max(u - 10, 0), min(u + 10, n - 1)
+        want += max(hi - last, 0) + max(first - lo, 0)
+    assert int(info["overflow"]) == want > 0
+    _, _, info = bucketed_attention(q, kk, v, labels, num_labels=d, base=base, block=8, reach=16)
+    assert int(info["overflow"]) == 0
+
+
+def test_default_reach_and_bad_inputs():
+    base = BaseGraph(radius=2048, landmark_every=512)
+    assert default_reach(8192, base, 32, 2) >= 2048 * 2 // 32
+    q, kk, v, _ = _qkv(1, 16, 2, 2, 4)
+    labels = jnp.zeros((1, 1, 16, 1), jnp.int32)
+    with pytest.raises(ValueError, match="num_labels"):
+        bucketed_attention(q, kk, v, labels, num_labels=65, base=base)
+    with pytest.raises(ValueError, match="top_k"):
+        bucketed_attention(q, kk, v, jnp.zeros((1, 1, 16, 3), jnp.int32), num_labels=2, base=base)
+    with pytest.raises(ValueError, match="labels must be"):
+        bucketed_attention(q, kk, v, jnp.zeros((1, 3, 16, 1), jnp.int32), num_labels=2, base=base)
+    with pytest.raises(ValueError, match="labels must be"):
+        bucketed_attention(q, kk, v, jnp.zeros((1, 1, 15, 1), jnp.int32), num_labels=2, base=base)
