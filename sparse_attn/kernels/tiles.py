@@ -20,7 +20,10 @@ NN = (((1,), (0,)), ((), ()))
 
 
 def dot(a, b, dims=NN):
-    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+    # float32 operands ask for full precision: Triton would otherwise use TF32 (~1e-3 relative error).
+    full = a.dtype == jnp.float32 and b.dtype == jnp.float32
+    precision = jax.lax.Precision.HIGHEST if full else None
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
 def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, causal: bool, transposed: bool):
