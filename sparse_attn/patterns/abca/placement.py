@@ -74,7 +74,7 @@ def placement_loss(scores_BxN: jax.Array, target_BxN: jax.Array, valid_len_B: ja
     s = scores_BxN.astype(jnp.float32)
     y = target_BxN.astype(jnp.float32)
     per_token = jnp.maximum(s, 0.0) - s * y + jnp.log1p(jnp.exp(-jnp.abs(s)))  # stable BCE with logits
-    live = jnp.arange(s.shape[1]) < valid_len_B[:, None]
+    live = jnp.arange(s.shape[1])[None] < valid_len_B[:, None]
     return jnp.sum(jnp.where(live, per_token, 0.0)) / jnp.maximum(jnp.sum(live), 1)
 
 

@@ -1,0 +1,8 @@
+"""ABCA attention (seed 000): the NNX module, its config, and the attention core it runs."""
+
+from sparse_attn.modules.abca.anchor_ops import AnchorProjections
+from sparse_attn.modules.abca.config import AnchorAttentionConfig
+from sparse_attn.modules.abca.core import abca_core
+from sparse_attn.modules.abca.module import AnchorAttention
+
+__all__ = ["AnchorAttention", "AnchorAttentionConfig", "AnchorProjections", "abca_core"]

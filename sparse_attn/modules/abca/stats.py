@@ -1,0 +1,43 @@
+"""Per-batch ABCA statistics (SPEC §1): k, zone sizes, inserted anchors, overflow, attention FLOPs vs dense."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.abca.zones import Zones
+
+
+def _range_pairs(lo_BxN, hi_BxN, rows_BxN):
+    return jnp.sum(jnp.where(rows_BxN, jnp.maximum(hi_BxN - lo_BxN + 1, 0), 0).astype(jnp.float32))
+
+
+def abca_stats(zones: Zones, inserted_B, info: dict, *, causal: bool, handshake: str, handshake_steps: int,
+               max_anchors: int | None, head_dim: int, heads: int, slot_width: int | None = None) -> dict:
+    """Scalars (floats) for logging; FLOPs are forward attention FLOPs, 4 * pairs * head_dim per head."""
+    pos = jnp.arange(zones.num_tokens, dtype=jnp.int32)[None]
+    live = pos < zones.valid_len[:, None]
+    anchors, tokens = live & zones.is_anchor, live & ~zones.is_anchor
+    g_lo, g_hi = abca.gather_lo_hi(zones, causal)
+    z_lo, z_hi = abca.zone_lo_hi(zones, causal)
+    if handshake == "chain":
+        hs = abca.chain_handshake(zones, causal=causal)
+    else:
+        hs, _ = abca.global_handshake(zones, max_anchors=max_anchors, causal=causal)
+    pairs = (_range_pairs(g_lo, g_hi, anchors) + _range_pairs(z_lo, z_hi, tokens)
+             + handshake_steps * jnp.sum(hs.valid, dtype=jnp.float32))
+    per_pair = 4.0 * head_dim * heads
+    dense = per_pair * jnp.sum(zones.valid_len.astype(jnp.float32) ** 2)
+    out = dict(abca.zone_stats(zones))
+    out.update(
+        inserted_anchors=jnp.mean(inserted_B.astype(jnp.float32)),
+        handshake_overflow=jnp.sum(info.get("handshake_overflow", jnp.zeros(()))).astype(jnp.float32),
+        anchor_overflow=jnp.sum(info.get("anchor_overflow", jnp.zeros(()))).astype(jnp.float32),
+        attn_flops=per_pair * pairs,
+        dense_flops=dense,
+        flops_ratio=per_pair * pairs / jnp.maximum(dense, 1.0),
+    )
+    if "slots_used" in info and slot_width is not None:
+        slot_pairs = jnp.sum(info["slots_used"]).astype(jnp.float32) * slot_width * (slot_width + 1)
+        out["slot_flops_ratio"] = per_pair * slot_pairs / jnp.maximum(dense, 1.0)
+    return {k: v.astype(jnp.float32) for k, v in out.items()}
