@@ -17,10 +17,12 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.xla import xla_attention
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
 from sparse_attn.kernels.config import KernelConfig
 from sparse_attn.patterns.intervals import Intervals
+from sparse_attn.patterns.neighbours import NeighbourList
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +36,13 @@ class _Static:
 
 
 def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, config: KernelConfig | None = None):
-    """Executor `fn(q, k, v, pattern, scale, config=...) -> (out [B, N, H, D], lse [B, N, H] float32)`."""
+    """Executor `fn(q, k, v, pattern, scale, config=...) -> (out [B, N, H, D], lse [B, N, H] float32)`.
+
+    NeighbourList patterns (K <= 3 keys per row) are served by the XLA row gather: a 64/128-wide tile would waste
+    over 95% of its work (docs/kernels.md).
+    """
+    if isinstance(pattern, NeighbourList):
+        return xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
     b, n, h, d = q_BxNxHxD.shape
     cfg = (config or KernelConfig()).resolve(d)
     mask, random_blocks, max_random, pinned = metadata.split_pattern(pattern)
@@ -53,12 +61,14 @@ def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, 
             for (bq, bk) in (fwd_blocks, bwd_blocks)
             for t in (False, True)
         )
-    pad = ((0, 0), (0, n_pad - n), (0, 0), (0, 0))
+    # Triton tiles need power-of-two extents: zero columns change no logit (scale is explicit) and are sliced off.
+    d_pad = max(16, 1 << (d - 1).bit_length()) if cfg.backend == "triton" else d
+    pad = ((0, 0), (0, n_pad - n), (0, 0), (0, d_pad - d))
     q, k, v = (jnp.pad(x, pad) for x in (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
     parts = pattern if cfg.backward == "xla" else None
     static = _Static(n, float(scale), cfg, caps)
     out, lse = _flash(static, q, k, v, meta, lists_f, lists_b, parts)
-    out, lse = out[:, :n], jnp.swapaxes(lse, 1, 2)[:, :n]
+    out, lse = out[:, :n, :, :d], jnp.swapaxes(lse, 1, 2)[:, :n]
     if mask.global_tokens is not None:
         out, lse = global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
     return out, lse

@@ -9,8 +9,9 @@ import pytest
 
 import sparse_attn.kernels  # noqa: F401  (registers "pallas")
 from sparse_attn.attention import attention, available_implementations, default_implementation
-from sparse_attn.executors.reference import reference_attention
-from sparse_attn.kernels import BlockSizes, KernelConfig, metadata
+from sparse_attn.executors.xla import xla_attention
+from sparse_attn.kernels import BlockSizes, KernelConfig, metadata, pallas_attention
+from sparse_attn.patterns.neighbours import NeighbourList
 from tests.kernels import cases
 
 
@@ -22,16 +23,37 @@ def test_pallas_is_the_accelerator_default_and_xla_the_cpu_default():
 
 
 def test_explicit_pallas_on_cpu_runs_interpreted_triton_kernels():
-    cfg = KernelConfig().resolve(64, platform="cpu")
+    """Default config on CPU; D = 24 also exercises the head-size padding the Triton tiles need."""
+    cfg = KernelConfig().resolve(24, platform="cpu")
     assert (cfg.backend, cfg.interpret) == ("triton", True)
-    n = 128
+    n, d = 128, 24
     ks = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(ks[0], (1, n, 2, 16))
-    k, v = (jax.random.normal(x, (1, n, 1, 16)) for x in ks[1:])
+    q = jax.random.normal(ks[0], (1, n, 2, d))
+    k, v = (jax.random.normal(x, (1, n, 1, d)) for x in ks[1:])
     pattern = cases.make("window_causal", n)
-    got = jax.jit(lambda q, k, v: attention(q, k, v, pattern, implementation="pallas"))(q, k, v)
-    want, _ = reference_attention(q, k, v, pattern, 16**-0.5)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5, rtol=5e-5)
+
+    def value_and_grads(impl):
+        loss = lambda q, k, v: jnp.sum(jnp.sin(attention(q, k, v, pattern, implementation=impl)))  # noqa: E731
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    (got, got_g), (want, want_g) = value_and_grads("pallas"), value_and_grads("reference")
+    np.testing.assert_allclose(float(got), float(want), rtol=5e-5)
+    for g, w in zip(got_g, want_g):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=5e-5)
+
+
+def test_neighbour_lists_are_served_by_the_xla_gather():
+    n = 64
+    ks = jax.random.split(jax.random.key(1), 4)
+    q = jax.random.normal(ks[0], (1, n, 2, 16))
+    k, v = (jax.random.normal(x, (1, n, 2, 16)) for x in ks[1:3])
+    idx = jnp.arange(n, dtype=jnp.int32)[:, None] - jnp.arange(3, dtype=jnp.int32)[None]
+    nl = NeighbourList(jnp.maximum(idx, 0)[None, None], (idx >= 0)[None, None])
+    got = pallas_attention(q, k, v, nl, 0.25)
+    want = xla_attention(q, k, v, nl, 0.25)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 def test_platform_defaults():
