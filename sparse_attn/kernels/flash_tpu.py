@@ -90,7 +90,9 @@ def _mask(meta_refs, labels, q0, k0, shape, rand, causal, transposed):
         for x in range(w):
             q_lab.append(lq[x : x + 1, :] if transposed else lq[:, x : x + 1])
             k_lab.append(lk[:, x : x + 1] if transposed else lk[x : x + 1, :])
-    return tiles.tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_lab, k_lab, rand, causal=causal, transposed=transposed)
+    return tiles.tile_mask(
+        q0, k0, shape, lo, hi, q_tok, k_tok, q_lab, k_lab, rand, causal=causal, transposed=transposed
+    )
 
 
 def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels, rand, do_bwd):
@@ -170,7 +172,8 @@ def _q_call(q, k, v, extra, meta, lists: TileLists, n, scale, cap, interpret, do
     pref = _prefetch(count, idx, masked, rand)
     kidx = lambda p, i, t, c, ix, *_: ix[_row(p, i, hb, hmax, bmax, qb) * cap + t]  # noqa: E731
     q_spec = pl.BlockSpec((None, rp, bq, d), lambda p, i, t, *_: (_div(p, hb), _rem(p, hb), i, 0))
-    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, i, t, *a: (_div(p, hb), _div(_rem(p, hb) * rp, r), kidx(p, i, t, *a), 0))
+    kv_head = lambda p: _div(_rem(p, hb) * rp, r)  # noqa: E731
+    kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, i, t, *a: (_div(p, hb), kv_head(p), kidx(p, i, t, *a), 0))
     col_spec = pl.BlockSpec((None, rp, bq, 1), lambda p, i, t, *_: (_div(p, hb), _rem(p, hb), i, 0))
     bm_hm = lambda p, i, t, *_: (_div(p, hb) * (bmax > 1), _rem(p, hb) * (hmax > 1))  # noqa: E731
     mspecs = _meta_specs(meta, bq, bk, False, lambda p, i, t, *_: i, kidx, bm_hm)
@@ -265,8 +268,12 @@ def _kv_call(q, k, v, do, lse_row, delta_row, meta, lists: TileLists, scale, cap
     pref = _prefetch(count, idx, masked, rand)
     qidx = lambda p, j, rr, t, c, ix, *_: ix[_kv_row(p, j, rr, r, g, hmax, bmax, kb) * cap + t]  # noqa: E731
     head = lambda p, rr: _rem(p, g) * r + rr  # noqa: E731
-    q_spec = pl.BlockSpec((None, None, bq, d), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), qidx(p, j, rr, t, *a), 0))
-    row_spec = pl.BlockSpec((None, None, 1, bq), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), 0, qidx(p, j, rr, t, *a)))
+    q_spec = pl.BlockSpec(
+        (None, None, bq, d), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), qidx(p, j, rr, t, *a), 0)
+    )
+    row_spec = pl.BlockSpec(
+        (None, None, 1, bq), lambda p, j, rr, t, *a: (_div(p, g), head(p, rr), 0, qidx(p, j, rr, t, *a))
+    )
     kv_spec = pl.BlockSpec((None, None, bk, d), lambda p, j, rr, t, *_: (_div(p, g), _rem(p, g), j, 0))
     bm_hm = lambda p, j, rr, t, *_: (_div(p, g) * (bmax > 1), head(p, rr) * (hmax > 1))  # noqa: E731
     mspecs = _meta_specs(meta, bq, bk, True, qidx, lambda p, j, rr, t, *_: j, bm_hm)

@@ -53,7 +53,9 @@ def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, 
     lead = metadata.lead_shape(mask, random_blocks)
     meta = metadata.token_meta(mask, lead, n_pad)
     lists_f = metadata.tile_lists(mask, random_blocks, max_random, lead, *fwd_blocks)
-    lists_b = lists_f if bwd_blocks == fwd_blocks else metadata.tile_lists(mask, random_blocks, max_random, lead, *bwd_blocks)
+    lists_b = lists_f
+    if bwd_blocks != fwd_blocks:
+        lists_b = metadata.tile_lists(mask, random_blocks, max_random, lead, *bwd_blocks)
     caps = None
     if cfg.backend == "mosaic":
         caps = tuple(
