@@ -11,7 +11,7 @@ from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import buckets, candidates, stats
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
-from tests.labels import oracles
+import label_oracles as oracles
 
 
 @pytest.mark.parametrize("d", [5, 32, 33, 64])

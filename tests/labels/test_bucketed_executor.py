@@ -60,9 +60,15 @@ def test_outputs_and_gradients_match_the_reference(label_heads, causal, d, k, bl
     np.testing.assert_array_equal(
         np.asarray(info["keys"]), np.broadcast_to(np.asarray(pattern.to_dense()).sum(-1), info["keys"].shape)
     )
-    loss = lambda fn: lambda *a: jnp.sum(fn(*a)[0] * ct) + jnp.sum(jnp.where(jnp.isfinite(fn(*a)[1]), fn(*a)[1], 0))  # noqa: E731
+    def loss(fn):
+        def f(*a):
+            out, lse = fn(*a)[:2]
+            return jnp.sum(out * ct) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0))
+
+        return f
+
     g_ours = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, kk, v)
-    g_ref = jax.grad(loss(ref), argnums=(0, 1, 2))(q, kk, v)
+    g_ref = jax.jit(jax.grad(loss(ref), argnums=(0, 1, 2)))(q, kk, v)
     for a, r in zip(g_ours, g_ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), **TOL)
 
@@ -75,13 +81,18 @@ def test_masked_keys_and_padding_get_exactly_zero_gradient():
     vl = jnp.asarray([33])
     mask = np.asarray(LabelPattern(B.pack_labels(labels, d), vl, base).to_dense())[0, 0]
     u = 20
-    fn = lambda kk, v: bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)[0]  # noqa: E731
-    gk, gv = jax.grad(lambda kk, v: jnp.sum(fn(kk, v)[0, u] * ct[0, u]), argnums=(0, 1))(kk, v)
+    fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)[0]  # noqa: E731
+
+    @jax.jit
+    def outputs_and_grads(q, kk, v):
+        out = fn(q, kk, v)
+        row = jax.grad(lambda kk, v: jnp.sum(fn(q, kk, v)[0, u] * ct[0, u]), argnums=(0, 1))(kk, v)
+        return out, row, jax.grad(lambda q: jnp.sum(fn(q, kk, v)))(q)
+
+    out, (gk, gv), gq = outputs_and_grads(q, kk, v)
     hit = np.any(np.asarray(gk)[0] != 0, axis=(1, 2)) | np.any(np.asarray(gv)[0] != 0, axis=(1, 2))
     np.testing.assert_array_equal(hit, mask[u])
-    out = fn(kk, v)
     assert np.all(np.asarray(out)[0, 33:] == 0)
-    gq = jax.grad(lambda q: jnp.sum(bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl)[0]))(q)
     assert np.all(np.asarray(gq)[0, 33:] == 0)
 
 
@@ -90,13 +101,14 @@ def test_every_token_disconnected_gives_its_own_value_and_no_nan():
     q, kk, v, _ = _qkv(b, n, h, h, dh, seed=2)
     labels = (jnp.arange(n) % 32).reshape(1, 1, n, 1)  # distinct labels: no token shares one
     for base in (BaseGraph(radius=3), BaseGraph(radius=0), BaseGraph(radius=5, landmark_every=8, causal=True)):
-        fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=32, base=base)  # noqa: E731
-        out, lse, info = fn(q, kk, v)
+        fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=32, base=base, block=16)  # noqa: E731
+        out, lse, info = jax.jit(fn)(q, kk, v)
         np.testing.assert_allclose(np.asarray(out), np.asarray(v), atol=1e-6)
         np.testing.assert_array_equal(np.asarray(info["keys"]), 1)
-        grads = jax.grad(lambda *a: jnp.sum(fn(*a)[0]), argnums=(0, 1, 2))(q, kk, v)
+        grads = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a)[0]), argnums=(0, 1, 2)))(q, kk, v)
         assert all(np.all(np.isfinite(np.asarray(x))) for x in grads)
-        np.testing.assert_array_equal(np.asarray(grads[1]), 0.0)  # softmax over one key: logits do not matter
+        # A softmax over one key does not depend on its logit: 0 up to float32 rounding of p (dP - Δ).
+        np.testing.assert_allclose(np.asarray(grads[1]), 0.0, atol=1e-5)
 
 
 def test_overflow_is_counted_when_the_reach_is_too_small():
@@ -104,7 +116,8 @@ def test_overflow_is_counted_when_the_reach_is_too_small():
     q, kk, v, _ = _qkv(b, n, h, h, dh, seed=3)
     labels = jnp.zeros((1, 1, n, 1), jnp.int32)  # one bucket holds every token: the window spans 2*10 entries
     base = BaseGraph(radius=10)
-    _, _, info = bucketed_attention(q, kk, v, labels, num_labels=d, base=base, block=8, reach=4)
+    run = jax.jit(bucketed_attention, static_argnames=("num_labels", "base", "block", "reach"))
+    _, _, info = run(q, kk, v, labels, num_labels=d, base=base, block=8, reach=4)
     # Entry u needs [u-10, u+10]; a block reads [start-4, end+4]: slots beyond it are counted exactly.
     want = 0
     for u in range(n):
@@ -112,7 +125,7 @@ def test_overflow_is_counted_when_the_reach_is_too_small():
         lo, hi = max(u - 10, 0), min(u + 10, n - 1)
         want += max(hi - last, 0) + max(first - lo, 0)
     assert int(info["overflow"]) == want > 0
-    _, _, info = bucketed_attention(q, kk, v, labels, num_labels=d, base=base, block=8, reach=16)
+    _, _, info = run(q, kk, v, labels, num_labels=d, base=base, block=8, reach=16)
     assert int(info["overflow"]) == 0
 
 
