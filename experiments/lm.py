@@ -94,7 +94,8 @@ def smoke() -> LMConfig:
 
 
 def base() -> LMConfig:
-    """One GPU (H100/H200 class): 6 layers x 512 wide (~19M params), 1024-byte context, 0.5B training bytes.
+    """One GPU (H100/H200 class): 6 layers x 512 wide (~19M params), 1024-byte context, 131M training
+    bytes (~13 passes over the 10 MB corpus; watch the validation curve for overfitting).
 
     Command: `python -m experiments.lm --config base --workdir runs/lm_base`. Not yet run: record the
     wall clock and validation bits per byte here after the first run.
@@ -106,8 +107,8 @@ def base() -> LMConfig:
             attention=attention_by_name("dense", seq_len),
         ),
         train=TrainConfig(
-            seed=0, global_batch=64, seq_len=seq_len, num_steps=8000, learning_rate=1e-3, warmup_steps=500,
-            checkpoint_every=1000, eval_every=1000, eval_batches=32,
+            seed=0, global_batch=64, seq_len=seq_len, num_steps=2000, learning_rate=1e-3, warmup_steps=200,
+            checkpoint_every=500, eval_every=250, eval_batches=32,
         ),
     )
 

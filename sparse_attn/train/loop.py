@@ -196,7 +196,8 @@ def train_and_evaluate(
                 step += 1
                 pending.append((step, metrics))
                 # Metrics of step t-1 are read after step t is dispatched: the device stays busy.
-                if len(pending) > config.sync_every:
+                # Reading them syncs the host: never more than `sync_every` steps go unsynced.
+                if len(pending) >= max(config.sync_every, 2):
                     flush(keep_last=True)
                 boundary_ckpt = step % config.checkpoint_every == 0 or step == config.num_steps
                 boundary_eval = step % config.eval_every == 0 or step == config.num_steps
