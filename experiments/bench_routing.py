@@ -57,7 +57,7 @@ def run(args) -> list[benchlib.Row]:
       _print(rows[-1])
     for router in args.routers:
       fn, fargs, st = routing_core(n, args, router)
-      pairs = args.batch * args.heads * n + 2 * st["arcs"] * args.batch * args.heads  # self + non-self slots
+      pairs = args.batch * args.heads * (n + st["arcs"])  # self slots + mean non-self slots per (batch, head)
       rows.append(benchlib.measure(f"routing_{router}", "xla", n, fn, fargs, repeats=args.repeats,
                                    flops=4.0 * pairs * head_dim, extra=st))
       _print(rows[-1])

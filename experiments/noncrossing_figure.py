@@ -22,7 +22,7 @@ from flax import nnx
 
 from sparse_attn.modules.routing import RoutingAttentionConfig
 from sparse_attn.modules.routing.scorer import pair_scores
-from sparse_attn.patterns.temperley_lieb import diagram_np, layered
+from sparse_attn.patterns.temperley_lieb import diagram_np, layered, stats
 
 T = 4
 
@@ -171,6 +171,8 @@ def main(argv=None):
   ok = sorted(diagram_np.caps(p)) == matching(args.seq)
   print("router caps:", diagram_np.caps(p))
   print("bracket matching:", matching(args.seq), "-> equal" if ok else "-> DIFFERENT")
+  print(f"generators applied: {int(routed['word_length'][0, 0])}, Jones normal form length: "
+        f"{stats.normal_form_length(p)}, nesting depth: {int(stats.diagram_stats(routed['p'][0, 0])['nesting_depth'])}")
   idx, valid = np.asarray(nl.idx[0, 0]), np.asarray(nl.valid[0, 0])
   mask = np.zeros((n, n), bool)
   for a in range(n):
