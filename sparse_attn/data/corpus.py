@@ -17,9 +17,9 @@ import zlib
 import numpy as np
 
 DOC_SEPARATOR = b"\0"
-# Directories of the stdlib that are tests or third-party code, not "the standard library".
+# Test directories and third-party code: not "the standard library source".
 _STDLIB_EXCLUDED_DIRS = frozenset(
-        {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", "idlelib"}
+    {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 )
 
 
