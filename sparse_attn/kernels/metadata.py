@@ -109,12 +109,9 @@ def token_meta(mask: Intervals, lead: tuple[int, int], n_pad: int) -> TokenMeta:
 
 
 def tile_lists(mask: Intervals, random_blocks, max_random: int, lead, block_q: int, block_k: int) -> TileLists:
-    # `classify_blocks` relies on implicit rank promotion (row [Qb, bq] < valid_len [B, 1, 1, 1]); allow it here so
-    # the kernels also run under jax_numpy_rank_promotion="raise" (reported to the patterns' owner).
-    with jax.numpy_rank_promotion("allow"):
-        layout = BlockLayout.from_intervals(
-            mask, block_q, block_k, random_blocks=random_blocks, max_random=max_random, global_rows=False
-        )
+    layout = BlockLayout.from_intervals(
+        mask, block_q, block_k, random_blocks=random_blocks, max_random=max_random, global_rows=False
+    )
 
     def b(x):
         return jnp.broadcast_to(x, lead + x.shape[2:])
