@@ -281,10 +281,16 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new timings after this many seconds")
+    ap.add_argument("--lengths", type=int, nargs="+", help="timed n (default 16384 4096 8192 32768, 16k first)")
+    ap.add_argument("--head-dims", type=int, nargs="+", help="timed d (default 64 128)")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     p = plan(args.dry_run, args.budget_s)
+    if args.lengths:
+        p = dataclasses.replace(p, lengths=tuple(args.lengths))
+    if args.head_dims:
+        p = dataclasses.replace(p, head_dims=tuple(args.head_dims))
     log = lambda s: print(f"[{time.perf_counter() - t_start:7.1f}s] {s}", flush=True)  # noqa: E731
     dev = jax.devices()[0]
     log(f"device {dev.device_kind} ({jax.default_backend()}), dry_run={args.dry_run}")
