@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.models import TransformerClassifier, TransformerConfig, TransformerLM
+from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.routing import RoutingAttentionConfig
@@ -174,12 +174,10 @@ def test_classifier_with_one_routing_layer_trains_one_step():
   assert float(jnp.abs(g.blocks[1].attn.scorer.proj.kernel[...]).sum()) > 0
 
 
-def test_causal_model_is_refused_with_a_clear_error():
-  cfg = TransformerConfig(vocab_size=11, model_dim=D, num_heads=H, num_layers=1, mlp_dim=64,
-                          attention=RoutingAttentionConfig(**NO_ROPE))
-  model = TransformerLM(cfg, rngs=nnx.Rngs(9))
+def test_causal_use_is_refused_with_a_clear_error():
+  m = RoutingAttentionConfig(num_route_layers=1, **NO_ROPE).make(D, H, rngs=nnx.Rngs(9))
   with pytest.raises(ValueError, match="bidirectional"):
-    model(jnp.zeros((1, N), jnp.int32))
+    m(_x(b=1), AttentionContext(valid_len=jnp.array([N], jnp.int32), causal=True))
 
 
 @pytest.mark.parametrize("kw, msg", [(dict(router="foo"), "router"), (dict(rows="x"), "rows"),
