@@ -13,7 +13,6 @@ from sparse_attn.modules.routing import RoutingAttentionConfig
 from sparse_attn.patterns.temperley_lieb import diagram_np as dn
 
 D, H, N = 32, 2, 12
-NO_ROPE = dict(rope_base=None)  # rope is the shared projections' business, not what these tests check
 
 
 def _x(b=2, n=N, seed=1):
@@ -61,7 +60,7 @@ def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
 
 @pytest.mark.parametrize("doubled", [False, True])
 def test_defect_pair_router_equals_host_simulation(doubled):
-  m = RoutingAttentionConfig(num_route_layers=3, doubled=doubled, **NO_ROPE).make(D, H, rngs=nnx.Rngs(0))
+  m = RoutingAttentionConfig(num_route_layers=3, doubled=doubled).make(D, H, rngs=nnx.Rngs(0))
   x, vl = _x(), np.array([N, 9])
   routed, nl = _route_and_pattern(m, x, jnp.asarray(vl))
   feats = m.scorer.half_point_features if doubled else m.scorer.features
@@ -82,7 +81,7 @@ def test_defect_pair_router_equals_host_simulation(doubled):
 
 
 def test_key_rows_of_module_equal_coo_of_its_diagrams():
-  m = RoutingAttentionConfig(num_route_layers=3, **NO_ROPE).make(D, H, rngs=nnx.Rngs(2))
+  m = RoutingAttentionConfig(num_route_layers=3).make(D, H, rngs=nnx.Rngs(2))
   x, vl = _x(), jnp.array([N, N])
   routed, nl = _route_and_pattern(m, x, vl)
   for b in range(2):
@@ -99,9 +98,9 @@ def test_key_rows_of_module_equal_coo_of_its_diagrams():
 
 @pytest.mark.parametrize(
     "cfg",
-    [RoutingAttentionConfig(num_route_layers=2, **NO_ROPE),
-     RoutingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2, **NO_ROPE),
-     RoutingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2, **NO_ROPE)],
+    [RoutingAttentionConfig(num_route_layers=2),
+     RoutingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2),
+     RoutingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2)],
     ids=["defect_pair", "adjacent_topk-self_top", "doubled-edge_mlp"],
 )
 def test_router_gradients_nonzero_and_finite(cfg):
@@ -123,7 +122,7 @@ def test_router_gradients_nonzero_and_finite(cfg):
 
 
 def test_brick_wall_is_ring_local_and_has_no_router():
-  m = RoutingAttentionConfig(router="brick_wall", num_route_layers=2, **NO_ROPE).make(D, H, rngs=nnx.Rngs(4))
+  m = RoutingAttentionConfig(router="brick_wall", num_route_layers=2).make(D, H, rngs=nnx.Rngs(4))
   assert m.scorer is None
   _, nl = _route_and_pattern(m, _x(), jnp.array([N, N]))
   got = {(a, int(nl.idx[0, 0, a, s])) for a in range(N) for s in range(3) if nl.valid[0, 0, a, s]}
@@ -132,7 +131,7 @@ def test_brick_wall_is_ring_local_and_has_no_router():
 
 
 def test_padding_never_reaches_valid_outputs():
-  m = RoutingAttentionConfig(num_route_layers=2, **NO_ROPE).make(D, H, rngs=nnx.Rngs(5))
+  m = RoutingAttentionConfig(num_route_layers=2).make(D, H, rngs=nnx.Rngs(5))
   vl = 8
   x = _x(b=1)
 
@@ -145,7 +144,7 @@ def test_padding_never_reaches_valid_outputs():
 
 
 def test_through_only_ablation_gates_single_arc():
-  m = RoutingAttentionConfig(rows="through", router="adjacent_topk", num_route_layers=2, **NO_ROPE).make(
+  m = RoutingAttentionConfig(rows="through", router="adjacent_topk", num_route_layers=2).make(
       D, H, rngs=nnx.Rngs(6))
   x, vl = _x(), jnp.array([N, N])
   routed, nl = _route_and_pattern(m, x, vl)
@@ -161,7 +160,7 @@ def test_through_only_ablation_gates_single_arc():
 
 def test_classifier_with_one_routing_layer_trains_one_step():
   cfg = TransformerConfig(vocab_size=11, model_dim=D, num_heads=H, num_layers=2, mlp_dim=64,
-                          attention=(DenseAttention(**NO_ROPE), RoutingAttentionConfig(num_route_layers=2, **NO_ROPE)))
+                          attention=(DenseAttention(), RoutingAttentionConfig(num_route_layers=2)))
   model = TransformerClassifier(cfg, rngs=nnx.Rngs(7))
   tokens = jax.random.randint(jax.random.PRNGKey(8), (2, N), 0, 11)
 
@@ -175,7 +174,7 @@ def test_classifier_with_one_routing_layer_trains_one_step():
 
 
 def test_causal_use_is_refused_with_a_clear_error():
-  m = RoutingAttentionConfig(num_route_layers=1, **NO_ROPE).make(D, H, rngs=nnx.Rngs(9))
+  m = RoutingAttentionConfig(num_route_layers=1).make(D, H, rngs=nnx.Rngs(9))
   with pytest.raises(ValueError, match="bidirectional"):
     m(_x(b=1), AttentionContext(valid_len=jnp.array([N], jnp.int32), causal=True))
 
