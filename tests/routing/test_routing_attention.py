@@ -10,6 +10,7 @@ from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.routing import RoutingAttentionConfig
+from sparse_attn.patterns.neighbours import NeighbourList
 from sparse_attn.patterns.temperley_lieb import diagram_np as dn
 
 D, H, N = 32, 2, 12
@@ -99,9 +100,9 @@ def test_key_rows_of_module_equal_coo_of_its_diagrams():
 @pytest.mark.parametrize(
     "cfg",
     [RoutingAttentionConfig(num_route_layers=2),
-     RoutingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2),
-     RoutingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2)],
-    ids=["defect_pair", "adjacent_topk-self_top", "doubled-edge_mlp"],
+     RoutingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2, num_kv_heads=1),
+     RoutingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2, num_kv_heads=1)],
+    ids=["defect_pair", "adjacent_topk-self_top-gqa", "doubled-edge_mlp-gqa"],
 )
 def test_router_gradients_nonzero_and_finite(cfg):
   m = cfg.make(D, H, rngs=nnx.Rngs(3))
@@ -185,3 +186,22 @@ def test_causal_use_is_refused_with_a_clear_error():
 def test_config_validation(kw, msg):
   with pytest.raises(ValueError, match=msg):
     RoutingAttentionConfig(**kw)
+
+
+def test_edge_mlp_attention_equals_dense_reference():
+  m = RoutingAttentionConfig(num_route_layers=2, edge_mlp_dim=8, num_kv_heads=1).make(D, H, rngs=nnx.Rngs(10))
+  x, vl = _x(), jnp.array([N, 9])
+  q, k, v = m.proj.qkv(x)
+  routed, nl = _route_and_pattern(m, x, vl)
+  nl = NeighbourList(*(jnp.asarray(a) for a in (nl.idx, nl.valid, nl.bias)))
+  got = np.asarray(jax.jit(m._edge_mlp_attention)(q, k, v, nl))
+  w1, w2 = np.asarray(m.edge_w1[...]), np.asarray(m.edge_w2[...])
+  dense_bias = np.asarray(nl.dense_bias())  # [B, H, N, N], -inf where not allowed
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  for b in range(2):
+    for h in range(H):
+      qk = q[b, :, h, None, :] * k[b, None, :, 0, :]  # [N, N, D]; one KV head serves every query head
+      s = _gelu(qk @ w1[h]) @ w2[h] + dense_bias[b, h]
+      p = np.exp(s - s.max(-1, keepdims=True))
+      p /= p.sum(-1, keepdims=True)
+      np.testing.assert_allclose(got[b, :, h], p @ v[b, :, 0], rtol=2e-4, atol=2e-5)
