@@ -1,0 +1,100 @@
+"""Independent numpy definitions of ABCA (SPEC §1), written from the text with plain loops."""
+
+import numpy as np
+
+
+def cap_anchors(mask_N, valid_len, max_zone):
+    """Greedy zone cap on one sequence: position 0 forced; a fallback wherever max_zone passes without an anchor."""
+    out = np.zeros(len(mask_N), bool)
+    last = None
+    for t in range(valid_len):
+        if t == 0 or mask_N[t] or t - last == max_zone:
+            out[t] = True
+            last = t
+    inserted = int(np.sum(out & ~np.asarray(mask_N, bool)))
+    return out, inserted
+
+
+def anchor_list(is_anchor_N, valid_len):
+    return [t for t in range(valid_len) if is_anchor_N[t]]
+
+
+def left_right(t, anchors, valid_len):
+    left = max(a for a in anchors if a <= t)
+    later = [a for a in anchors if a > t]
+    return left, (later[0] if later else valid_len - 1)
+
+
+def layer_mask(is_anchor_N, valid_len, causal):
+    """bool[N, N]: stage 1 rows at anchors, stage 3 rows at interval tokens."""
+    n = len(is_anchor_N)
+    anchors = anchor_list(is_anchor_N, valid_len)
+    mask = np.zeros((n, n), bool)
+    for t in range(valid_len):
+        if t in anchors:
+            j = anchors.index(t)
+            lo = anchors[j - 1] if j > 0 else t
+            hi = t if causal else left_right(t, anchors, valid_len)[1]
+        else:
+            lo, hi = left_right(t, anchors, valid_len)
+            hi = t if causal else hi
+        mask[t, lo : hi + 1] = True
+    return mask
+
+
+def handshake_mask(is_anchor_N, valid_len, causal, kind="chain", max_anchors=None):
+    n = len(is_anchor_N)
+    anchors = anchor_list(is_anchor_N, valid_len)
+    mask = np.zeros((n, n), bool)
+    for j, a in enumerate(anchors):
+        if kind == "global" and j < max_anchors:
+            keys = anchors[: min(len(anchors), max_anchors)]
+            keys = [b for i, b in enumerate(keys) if not causal or i <= j]
+        else:
+            keys = [anchors[j - 1]] if j > 0 else []
+            keys.append(a)
+            if not causal and j + 1 < len(anchors):
+                keys.append(anchors[j + 1])
+        mask[a, keys] = True
+    return mask
+
+
+def _attend(q_D, k_KxD, v_KxD, scale):
+    s = k_KxD @ q_D * scale
+    p = np.exp(s - s.max())
+    return (p / p.sum()) @ v_KxD
+
+
+def _rope(x_D, pos, base):
+    if base is None:
+        return x_D
+    half = len(x_D) // 2
+    freq = base ** (-np.arange(half) / half)
+    ang = pos * freq
+    x1, x2 = x_D[:half], x_D[half:]
+    return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)])
+
+
+def abca_forward(q, k, v, is_anchor, valid_len, wq, wk, wv, *, causal, steps, kind="chain", max_anchors=None,
+                 rope_base=None, scale=None):
+    """The three stages for one sequence and one head: q, k, v [N, D]; w* [D, D]. Returns [N, D]."""
+    n, d = q.shape
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    anchors = anchor_list(is_anchor, valid_len)
+    m1 = layer_mask(is_anchor, valid_len, causal)
+    s = {a: _attend(q[a], k[m1[a]], v[m1[a]], scale) for a in anchors}
+    hs = handshake_mask(is_anchor, valid_len, causal, kind, max_anchors)
+    for _ in range(steps):
+        proj = {a: (_rope(s[a] @ wq, a, rope_base), _rope(s[a] @ wk, a, rope_base), s[a] @ wv) for a in anchors}
+        s = {
+            a: s[a] + _attend(proj[a][0], np.stack([proj[b][1] for b in np.flatnonzero(hs[a])]),
+                              np.stack([proj[b][2] for b in np.flatnonzero(hs[a])]), scale)
+            for a in anchors
+        }
+    k3, v3 = k.copy(), v.copy()
+    for a in anchors:
+        k3[a], v3[a] = _rope(s[a] @ wk, a, rope_base), s[a] @ wv
+    out = np.zeros((n, d))
+    for t in range(valid_len):
+        out[t] = s[t] if t in anchors else _attend(q[t], k3[m1[t]], v3[m1[t]], scale)
+    return out
