@@ -100,7 +100,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--methods", nargs="+", default=["window", "longformer", "bigbird"], choices=sorted(METHODS))
-    p.add_argument("--impls", nargs="+", default=["xla"])
+    accel = jax.default_backend() in ("gpu", "tpu")
+    p.add_argument("--impls", nargs="+", default=["xla", "pallas"] if accel else ["xla"],
+                   help="executors to time; 'pallas' on CPU runs in interpret mode (keep n <= 1024)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)

@@ -10,12 +10,13 @@ import jax.numpy as jnp
 
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.executors.xla import xla_attention
+from sparse_attn.kernels import pallas_attention
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.neighbours import NeighbourList
 
-_EXECUTORS: dict[str, Callable] = {"reference": reference_attention, "xla": xla_attention}
-_ACCELERATED: dict[str, Callable] = {}  # filled by optional backends (e.g. Pallas) that register themselves
+_EXECUTORS: dict[str, Callable] = {"reference": reference_attention, "xla": xla_attention, "pallas": pallas_attention}
+_ACCELERATED: dict[str, Callable] = {"pallas": pallas_attention}  # preferred on GPU/TPU
 
 
 def register_executor(name: str, fn: Callable, *, accelerated: bool = False) -> None:
@@ -86,8 +87,7 @@ def attention(
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     name = implementation or default_implementation()
     if name not in _EXECUTORS:
-        hint = " (import sparse_attn.kernels to register Pallas)" if name == "pallas" else ""
-        raise ValueError(f"unknown or unavailable implementation {name!r}{hint}; have {sorted(_EXECUTORS)}")
+        raise ValueError(f"unknown or unavailable implementation {name!r}; have {sorted(_EXECUTORS)}")
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
     out, lse = _EXECUTORS[name](q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, **options)
     return (out, lse) if return_lse else out

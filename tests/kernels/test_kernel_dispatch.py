@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import sparse_attn.kernels  # noqa: F401  (registers "pallas")
+import sparse_attn.kernels  # noqa: F401
 from sparse_attn.attention import attention, available_implementations, default_implementation
 from sparse_attn.executors.xla import xla_attention
 from sparse_attn.kernels import BlockSizes, KernelConfig, metadata, pallas_attention
