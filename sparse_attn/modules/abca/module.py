@@ -70,7 +70,7 @@ class AnchorAttention(nnx.Module):
         is_anchor, inserted, gate, aux = self._placement(x_BxNxD, ctx, anchor_mask)
         zones = abca.compute_zones(is_anchor, ctx.valid_len)
         q, k, v = self.proj.qkv(x_BxNxD)
-        anchor_proj = AnchorProjections(self.anchor_wq.value, self.anchor_wk.value, self.anchor_wv.value,
+        anchor_proj = AnchorProjections(self.anchor_wq[...], self.anchor_wk[...], self.anchor_wv[...],
                                         rope_base=cfg.rope_base)
         o, info = abca_core(
             q, k, v, zones, anchor_proj, max_zone=cfg.max_zone, causal=ctx.causal, handshake=cfg.handshake,
