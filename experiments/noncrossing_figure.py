@@ -28,160 +28,168 @@ T = 4
 
 
 def random_dyck(rng, n: int, max_depth: int) -> str:
-  """A uniform-ish random balanced bracket string of length n with depth <= max_depth."""
-  while True:
-    depth, out = 0, []
-    for i in range(n):
-      left = n - i
-      can_open = depth < max_depth and depth + 1 <= left - 1
-      if depth > 0 and (not can_open or rng.random() < 0.5):
-        out.append(")")
-        depth -= 1
-      else:
-        out.append("(")
-        depth += 1
-    if depth == 0:
-      return "".join(out)
+    """A uniform-ish random balanced bracket string of length n with depth <= max_depth."""
+    while True:
+        depth, out = 0, []
+        for i in range(n):
+            left = n - i
+            can_open = depth < max_depth and depth + 1 <= left - 1
+            if depth > 0 and (not can_open or rng.random() < 0.5):
+                out.append(")")
+                depth -= 1
+            else:
+                out.append("(")
+                depth += 1
+        if depth == 0:
+            return "".join(out)
 
 
 def matching(seq: str) -> list[tuple[int, int]]:
-  stack, caps = [], []
-  for i, ch in enumerate(seq):
-    if ch == "(":
-      stack.append(i)
-    else:
-      caps.append((stack.pop(), i))
-  return sorted(caps)
+    stack, caps = [], []
+    for i, ch in enumerate(seq):
+        if ch == "(":
+            stack.append(i)
+        else:
+            caps.append((stack.pop(), i))
+    return sorted(caps)
 
 
 def teacher_targets(seq: str):
-  """Per layer: next-defect array, target (pair closes a cap of height t), and mask (pair exists)."""
-  n = len(seq)
-  caps = matching(seq)
-  height = layered.cap_heights(caps, n)
-  p = diagram_np.identity(n)
-  nxt_T, y_T, m_T = [], [], []
-  for t, layer in enumerate(layered.layered_word(caps, n) + [[]] * T, start=1):
-    if t > T:
-      break
-    defects = [a for a in range(n) if p[a] >= n]
-    nxt = np.full(n, n - 1)
-    y, m = np.zeros(n, np.float32), np.zeros(n, bool)
-    for a, b in zip(defects, defects[1:]):
-      nxt[a], m[a] = b, True
-      y[a] = float(height.get((a, b)) == t)
-    nxt_T.append(nxt), y_T.append(y), m_T.append(m)
-    for i in layer:
-      diagram_np.rmul_gen(p, i)
-  return np.stack(nxt_T), np.stack(y_T), np.stack(m_T)
+    """Per layer: next-defect array, target (pair closes a cap of height t), and mask (pair exists)."""
+    n = len(seq)
+    caps = matching(seq)
+    height = layered.cap_heights(caps, n)
+    p = diagram_np.identity(n)
+    nxt_T, y_T, m_T = [], [], []
+    for t, layer in enumerate(layered.layered_word(caps, n) + [[]] * T, start=1):
+        if t > T:
+            break
+        defects = [a for a in range(n) if p[a] >= n]
+        nxt = np.full(n, n - 1)
+        y, m = np.zeros(n, np.float32), np.zeros(n, bool)
+        for a, b in zip(defects, defects[1:]):
+            nxt[a], m[a] = b, True
+            y[a] = float(height.get((a, b)) == t)
+        nxt_T.append(nxt), y_T.append(y), m_T.append(m)
+        for i in layer:
+            diagram_np.rmul_gen(p, i)
+    return np.stack(nxt_T), np.stack(y_T), np.stack(m_T)
 
 
 def fit_router(model_dim: int, n: int, steps: int, seed: int):
-  rngs = nnx.Rngs(seed)
-  module = RoutingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
-  embed = nnx.Embed(2, model_dim, rngs=rngs)
-  rng = np.random.default_rng(seed)
+    rngs = nnx.Rngs(seed)
+    module = RoutingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
+    embed = nnx.Embed(2, model_dim, rngs=rngs)
+    rng = np.random.default_rng(seed)
 
-  def batch(size):
-    seqs = [random_dyck(rng, n, T) for _ in range(size)]
-    toks = np.array([[ch == ")" for ch in s] for s in seqs], np.int32)
-    nxt, y, m = map(np.stack, zip(*(teacher_targets(s) for s in seqs)))
-    return jnp.asarray(toks), jnp.asarray(nxt), jnp.asarray(y), jnp.asarray(m)
+    def batch(size):
+        seqs = [random_dyck(rng, n, T) for _ in range(size)]
+        toks = np.array([[ch == ")" for ch in s] for s in seqs], np.int32)
+        nxt, y, m = map(np.stack, zip(*(teacher_targets(s) for s in seqs)))
+        return jnp.asarray(toks), jnp.asarray(nxt), jnp.asarray(y), jnp.asarray(m)
 
-  def loss_fn(models, toks, nxt, y, m):
-    module, embed = models
-    u, v = module.scorer.features(embed(toks))  # [B, 1, N, T, r]
-    sc = module.scorer
+    def loss_fn(models, toks, nxt, y, m):
+        module, embed = models
+        u, v = module.scorer.features(embed(toks))  # [B, 1, N, T, r]
+        sc = module.scorer
 
-    def one(u1, v1, nxt1):  # one sequence, head 0: scores of every layer's adjacent-defect pairs
-      return jnp.stack([pair_scores(u1[:, t], v1[:, t], nxt1[t], sc.w[...][0, t], sc.c[...][0, t],
-                                    sc.beta[...][0, t]) for t in range(T)])
+        def one(u1, v1, nxt1):  # one sequence, head 0: scores of every layer's adjacent-defect pairs
+            return jnp.stack(
+                [
+                    pair_scores(u1[:, t], v1[:, t], nxt1[t], sc.w[...][0, t], sc.c[...][0, t], sc.beta[...][0, t])
+                    for t in range(T)
+                ]
+            )
 
-    s = jax.vmap(one)(u[:, 0], v[:, 0], nxt)
-    bce = optax.sigmoid_binary_cross_entropy(s, y)
-    return jnp.sum(jnp.where(m, bce, 0.0)) / jnp.sum(m)
+        s = jax.vmap(one)(u[:, 0], v[:, 0], nxt)
+        bce = optax.sigmoid_binary_cross_entropy(s, y)
+        return jnp.sum(jnp.where(m, bce, 0.0)) / jnp.sum(m)
 
-  models = (module, embed)
-  opt = nnx.Optimizer(models, optax.adam(3e-2), wrt=nnx.Param)
+    models = (module, embed)
+    opt = nnx.Optimizer(models, optax.adam(3e-2), wrt=nnx.Param)
 
-  @nnx.jit
-  def step(models, opt, toks, nxt, y, m):
-    loss, g = nnx.value_and_grad(loss_fn)(models, toks, nxt, y, m)
-    opt.update(models, g)
-    return loss
+    @nnx.jit
+    def step(models, opt, toks, nxt, y, m):
+        loss, g = nnx.value_and_grad(loss_fn)(models, toks, nxt, y, m)
+        opt.update(models, g)
+        return loss
 
-  for i in range(steps):
-    loss = step(models, opt, *batch(32))
-    if i % 50 == 0 or i == steps - 1:
-      print(f"step {i:4d}  teacher-forced BCE {float(loss):.4f}", flush=True)
-  return module, embed
+    for i in range(steps):
+        loss = step(models, opt, *batch(32))
+        if i % 50 == 0 or i == steps - 1:
+            print(f"step {i:4d}  teacher-forced BCE {float(loss):.4f}", flush=True)
+    return module, embed
 
 
 def draw(seq: str, p: np.ndarray, mask: np.ndarray, path: str, title: str):
-  import matplotlib
+    import matplotlib
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from matplotlib.patches import Arc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Arc
 
-  n = len(seq)
-  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=130, gridspec_kw=dict(width_ratios=[1.6, 1]))
-  top, bot = 1.0, 0.0
-  for a, b in diagram_np.caps(p):  # caps hang below the top row
-    ax.add_patch(Arc(((a + b) / 2, top), b - a, 0.9 * (b - a) / n * 1.6, theta1=180, theta2=360, color="C0", lw=2))
-  for a, b in diagram_np.cups(p):  # cups rise above the bottom row
-    ax.add_patch(Arc(((a + b) / 2, bot), b - a, 0.9 * (b - a) / n * 1.6, theta1=0, theta2=180, color="C1", lw=1.2))
-  for a, b in diagram_np.through_strands(p):
-    ax.plot([a, b], [top, bot], color="k", lw=1.5)
-  for i, ch in enumerate(seq):
-    ax.text(i, top + 0.06, ch, ha="center", va="bottom", fontsize=11, family="monospace")
-  ax.scatter(range(n), [top] * n, s=8, color="k")
-  ax.scatter(range(n), [bot] * n, s=8, color="k")
-  ax.set_xlim(-1, n)
-  ax.set_ylim(-0.2, 1.3)
-  ax.axis("off")
-  ax.set_title("router-built TL diagram: top caps (blue) = bracket matching; bottom cups (orange)", fontsize=9)
-  ax2.imshow(mask, cmap="Greys", interpolation="nearest")
-  ax2.set_xticks(range(n), list(seq), fontsize=7, family="monospace")
-  ax2.set_yticks(range(n), list(seq), fontsize=7, family="monospace")
-  ax2.set_xlabel("key")
-  ax2.set_ylabel("query")
-  ax2.set_title("attention pattern: rows [self, top partner, bottom partner]", fontsize=9)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path)
-  plt.close(fig)
+    n = len(seq)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=130, gridspec_kw=dict(width_ratios=[1.6, 1]))
+    top, bot = 1.0, 0.0
+    for a, b in diagram_np.caps(p):  # caps hang below the top row
+        ax.add_patch(Arc(((a + b) / 2, top), b - a, 0.9 * (b - a) / n * 1.6, theta1=180, theta2=360, color="C0", lw=2))
+    for a, b in diagram_np.cups(p):  # cups rise above the bottom row
+        ax.add_patch(Arc(((a + b) / 2, bot), b - a, 0.9 * (b - a) / n * 1.6, theta1=0, theta2=180, color="C1", lw=1.2))
+    for a, b in diagram_np.through_strands(p):
+        ax.plot([a, b], [top, bot], color="k", lw=1.5)
+    for i, ch in enumerate(seq):
+        ax.text(i, top + 0.06, ch, ha="center", va="bottom", fontsize=11, family="monospace")
+    ax.scatter(range(n), [top] * n, s=8, color="k")
+    ax.scatter(range(n), [bot] * n, s=8, color="k")
+    ax.set_xlim(-1, n)
+    ax.set_ylim(-0.2, 1.3)
+    ax.axis("off")
+    ax.set_title("router-built TL diagram: top caps (blue) = bracket matching; bottom cups (orange)", fontsize=9)
+    ax2.imshow(mask, cmap="Greys", interpolation="nearest")
+    ax2.set_xticks(range(n), list(seq), fontsize=7, family="monospace")
+    ax2.set_yticks(range(n), list(seq), fontsize=7, family="monospace")
+    ax2.set_xlabel("key")
+    ax2.set_ylabel("query")
+    ax2.set_title("attention pattern: rows [self, top partner, bottom partner]", fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--seq", default="(()(()))()((()()))")
-  ap.add_argument("--train-len", type=int, default=24)
-  ap.add_argument("--steps", type=int, default=300)
-  ap.add_argument("--model-dim", type=int, default=16)
-  ap.add_argument("--out", default="docs/img/noncrossing_router.png")
-  args = ap.parse_args(argv)
-  module, embed = fit_router(args.model_dim, args.train_len, args.steps, seed=0)
-  toks = jnp.asarray([[ch == ")" for ch in args.seq]], jnp.int32)
-  n = toks.shape[1]
-  vl = jnp.array([n], jnp.int32)
-  routed = module.route(embed(toks), vl)
-  nl = module.pattern(routed, vl)
-  p = np.asarray(routed["p"][0, 0])
-  ok = sorted(diagram_np.caps(p)) == matching(args.seq)
-  print("router caps:", diagram_np.caps(p))
-  print("bracket matching:", matching(args.seq), "-> equal" if ok else "-> DIFFERENT")
-  print(f"generators applied: {int(routed['word_length'][0, 0])}, Jones normal form length: "
-        f"{stats.normal_form_length(p)}, nesting depth: {int(stats.diagram_stats(routed['p'][0, 0])['nesting_depth'])}")
-  idx, valid = np.asarray(nl.idx[0, 0]), np.asarray(nl.valid[0, 0])
-  mask = np.zeros((n, n), bool)
-  for a in range(n):
-    mask[a, idx[a][valid[a]]] = True
-  title = (f"{args.seq}: defect-pair router, T={T}, fitted {args.steps} steps on random length-{args.train_len} "
-           f"Dyck strings; caps == matching: {ok}")
-  draw(args.seq, p, mask, args.out, title)
-  print("wrote", args.out)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seq", default="(()(()))()((()()))")
+    ap.add_argument("--train-len", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--model-dim", type=int, default=16)
+    ap.add_argument("--out", default="docs/img/noncrossing_router.png")
+    args = ap.parse_args(argv)
+    module, embed = fit_router(args.model_dim, args.train_len, args.steps, seed=0)
+    toks = jnp.asarray([[ch == ")" for ch in args.seq]], jnp.int32)
+    n = toks.shape[1]
+    vl = jnp.array([n], jnp.int32)
+    routed = module.route(embed(toks), vl)
+    nl = module.pattern(routed, vl)
+    p = np.asarray(routed["p"][0, 0])
+    ok = sorted(diagram_np.caps(p)) == matching(args.seq)
+    print("router caps:", diagram_np.caps(p))
+    print("bracket matching:", matching(args.seq), "-> equal" if ok else "-> DIFFERENT")
+    print(
+        f"generators applied: {int(routed['word_length'][0, 0])}, Jones normal form length: "
+        f"{stats.normal_form_length(p)}, nesting depth: {int(stats.diagram_stats(routed['p'][0, 0])['nesting_depth'])}"
+    )
+    idx, valid = np.asarray(nl.idx[0, 0]), np.asarray(nl.valid[0, 0])
+    mask = np.zeros((n, n), bool)
+    for a in range(n):
+        mask[a, idx[a][valid[a]]] = True
+    title = (
+        f"{args.seq}: defect-pair router, T={T}, fitted {args.steps} steps on random length-{args.train_len} "
+        f"Dyck strings; caps == matching: {ok}"
+    )
+    draw(args.seq, p, mask, args.out, title)
+    print("wrote", args.out)
 
 
 if __name__ == "__main__":
-  main()
+    main()
