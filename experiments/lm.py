@@ -8,9 +8,8 @@ Hardware: 2 CPU cores (no accelerator), CPython 3.11 stdlib (12.1 MB). Measured:
 the machine was shared with other jobs (load ~12; the run got 52% of the 2 cores, 180 CPU-seconds), so
 expect about 2-3 minutes on an idle machine. Result: validation bits per byte 2.158 at step 500 (2.454 at
 step 250; a byte unigram model scores 4.7 and a bigram 3.5 on this corpus). The run is deterministic.
-Outputs in the workdir: `metrics.jsonl`,
-`loss_curves.png`, `summary.json`, `checkpoints/`. Re-running the command resumes from the last
-checkpoint; a finished run only re-evaluates.
+Outputs in the workdir: `metrics.jsonl`, `loss_curves.png`, `summary.json`, `checkpoints/`. Re-running
+the command resumes from the last checkpoint; a finished run only re-evaluates.
 
 Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
 `ATTENTION_NAMES`: dense, local, longformer, bigbird, labels).
