@@ -1,0 +1,164 @@
+"""ABCA attention core against dense attention, measured side by side in one run (issue 5 acceptance).
+
+Command (CPU, fp32; the table in docs/abca.md):
+  python -m experiments.bench_abca
+
+The core is everything from the projected q, k, v [B, N, H, 64] to the attention output: zones from the explicit
+anchor mask (an input array, so nothing is constant-folded), the key-major anchor gather, the boundary handshake with
+its anchor re-projections, the post-handshake anchor keys/values, and zone attention in packed slots. The layer's
+shared Q/K/V/O projections are excluded. Forward+backward differentiates w.r.t. q, k, v and the anchor projections.
+Dense is `jax.nn.dot_product_attention` on the same q, k, v. Rows: anchors every 256 (n=4096 with H=4, n=16384
+with H=1), random zone sizes uniform in [128, 384] (same mean 256), and the same core through the library's
+block-gather executor ("xla_blocks", the worst-case-span alternative). Acceptance: fwd+bwd >= 8x faster than dense
+at 4096 and >= 30x at 16384, compiled memory (temp + args + outputs) >= 8x smaller at 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import benchlib
+from sparse_attn.modules.abca import AnchorProjections, abca_core
+from sparse_attn.modules.abca.stats import abca_stats
+from sparse_attn.patterns import abca
+
+HEAD_DIM = 64
+
+
+def anchors_fixed(n: int, every: int) -> np.ndarray:
+    return (np.arange(n) % every == 0)[None]
+
+
+def anchors_random(n: int, lo: int, hi: int, seed: int = 0) -> np.ndarray:
+    """Zone sizes uniform in [lo, hi] (mean (lo + hi) / 2)."""
+    rng = np.random.default_rng(seed)
+    mask, pos = np.zeros((1, n), bool), 0
+    while pos < n:
+        mask[0, pos] = True
+        pos += int(rng.integers(lo, hi + 1))
+    return mask
+
+
+def make_core(max_zone: int, implementation: str, handshake_steps: int):
+    def core(q, k, v, weights, is_anchor):
+        is_anchor, _ = abca.enforce_zone_cap(is_anchor, None, max_zone)
+        zones = abca.compute_zones(is_anchor, None)
+        proj = AnchorProjections(*weights, rope_base=10_000.0)
+        return abca_core(q, k, v, zones, proj, max_zone=max_zone, implementation=implementation,
+                         handshake_steps=handshake_steps)
+
+    return core
+
+
+def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    q, k, v = (jax.random.normal(kk, (1, n, heads, HEAD_DIM), jnp.float32) for kk in ks[:3])
+    weights = tuple(jax.random.normal(kk, (heads, HEAD_DIM, HEAD_DIM), jnp.float32) / 8 for kk in ks[3:])
+    is_anchor = jnp.asarray(mask)
+    ct = jnp.ones(q.shape, jnp.float32)
+    core = make_core(max_zone, impl, args.handshake_steps)
+    fwd = jax.jit(lambda q, k, v, w, a: core(q, k, v, w, a)[0])
+    fb = jax.jit(jax.grad(lambda q, k, v, w, a, ct: jnp.sum(core(q, k, v, w, a)[0] * ct), argnums=(0, 1, 2, 3)))
+    row = benchlib.Row(
+        method=name, impl=impl, n=n,
+        fwd_s=benchlib.time_fn(fwd, q, k, v, weights, is_anchor, repeats=args.repeats),
+        fwd_bwd_s=benchlib.time_fn(fb, q, k, v, weights, is_anchor, ct, repeats=args.repeats),
+        mem_bytes=benchlib.compiled_memory(fb, q, k, v, weights, is_anchor, ct),
+    )
+    capped, inserted = abca.enforce_zone_cap(is_anchor, None, max_zone)
+    zones = abca.compute_zones(capped, None)
+    _, info = jax.jit(core)(q, k, v, weights, is_anchor)
+    st = abca_stats(zones, inserted, info, causal=False, handshake="chain", handshake_steps=args.handshake_steps,
+                    max_anchors=None, head_dim=HEAD_DIM, heads=heads, slot_width=max_zone)
+    row.flops = float(st["attn_flops"])
+    row.extra = dict(heads=heads, zone_cap=max_zone, **{k: float(v) for k, v in st.items()})
+    return row
+
+
+def measure_dense(n, heads, args) -> benchlib.Row:
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(kk, (1, n, heads, HEAD_DIM), jnp.float32) for kk in ks)
+    row = benchlib.measure("dense", "jax.nn", n, lambda q, k, v: jax.nn.dot_product_attention(q, k, v), (q, k, v),
+                           repeats=args.repeats, flops=4.0 * heads * n * n * HEAD_DIM)
+    row.extra = dict(heads=heads)
+    return row
+
+
+def _print(r: benchlib.Row) -> None:
+    print(f"  n={r.n} {r.method:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
+          f"mem {r.mem_bytes / 2**20:8.1f} MiB", flush=True)
+
+
+def run(args) -> list[benchlib.Row]:
+    rows = []
+    for n in args.n:
+        heads = 4 if n <= 4096 else 1  # dense's N x N logits must fit at 16384
+        rows.append(measure_dense(n, heads, args))
+        _print(rows[-1])
+        plan = [("abca_every256", "xla", anchors_fixed(n, 256), 256),
+                ("abca_random128-384", "xla", anchors_random(n, 128, 384), 384)]
+        if n <= args.blocks_max_n:
+            plan.append(("abca_every256", "xla_blocks", anchors_fixed(n, 256), 256))
+        for name, impl, mask, max_zone in plan:
+            rows.append(measure_core(name, impl, n, heads, mask, max_zone, args))
+            _print(rows[-1])
+    return benchlib.add_ratios(rows)
+
+
+def draw_figures(out_dir: str) -> list[str]:
+    """PNGs of a real ABCA pattern (stages 1 and 3 plus the chain handshake), bidirectional and causal."""
+    from sparse_attn import viz
+
+    n, cap = 48, 8
+    mask = np.zeros((1, n), bool)
+    mask[0, [0, 5, 6, 13, 20, 22, 41]] = True  # explicit anchors; the 22 -> 41 gap exceeds the cap
+    is_anchor, inserted = abca.enforce_zone_cap(jnp.asarray(mask), jnp.array([n]), cap)
+    zones = abca.compute_zones(is_anchor, jnp.array([n]))
+    paths = []
+    for causal in (False, True):
+        layer = abca.layer_intervals(zones, causal=causal, max_zone=cap).to_dense()[0, 0]
+        hs = abca.chain_handshake(zones, causal=causal).to_dense()[0, 0]
+        path = os.path.join(out_dir, f"abca_pattern_{'causal' if causal else 'bidirectional'}.png")
+        viz.plot_mask(layer | hs, path, title=f"ABCA {'causal' if causal else 'bidirectional'}, n={n}, "
+                      f"max_zone={cap}", extra=dict(anchors=int(zones.num_anchors[0]), inserted=int(inserted[0])))
+        paths.append(path)
+    return paths
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--handshake-steps", type=int, default=1)
+    p.add_argument("--blocks-max-n", type=int, default=4096)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out-dir", default="experiments/results")
+    p.add_argument("--tag", default="bench_abca")
+    p.add_argument("--figures", metavar="DIR", help="only draw the pattern PNGs into DIR (e.g. docs/img)")
+    args = p.parse_args(argv)
+    if args.figures:
+        os.makedirs(args.figures, exist_ok=True)
+        print("\n".join(draw_figures(args.figures)))
+        return []
+    os.makedirs(args.out_dir, exist_ok=True)
+    command = "python -m experiments.bench_abca " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = dict(benchlib.environment(), load_avg_at_start=os.getloadavg())
+    print(f"# {command}\n# {env}")
+    rows = run(args)
+    table = benchlib.format_table(rows)
+    print(table)
+    base = os.path.join(args.out_dir, args.tag)
+    benchlib.write_json(rows, base + ".json", command, dict(vars(args), load_avg_at_end=os.getloadavg()))
+    with open(base + ".md", "w") as f:
+        f.write(f"Command: `{command}`\n\nEnvironment: {env}\n\n{table}\n")
+    print(f"wrote {base}.json, {base}.md")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
