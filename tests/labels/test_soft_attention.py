@@ -103,7 +103,7 @@ def test_rows_sum_to_one_with_self_loops_even_when_disconnected():
         assert np.all(np.isfinite(np.asarray(out))) and np.all(np.asarray(keys)[0, 0, :20] == 1)
         np.testing.assert_allclose(np.asarray(out)[0, :20], 1.0, atol=1e-6)  # softmax rows sum to 1
         np.testing.assert_array_equal(np.asarray(out)[0, 20:], 0.0)
-        out, _, _ = _run(q, k, v, p, bits, base=base, mode=mode)
-        np.testing.assert_allclose(np.asarray(out[0, :, 0]), np.asarray(v[0, :, 0]), atol=1e-6)
+        out, _, _ = _run(q, k, v, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
+        np.testing.assert_allclose(np.asarray(out[0, :20, 0]), np.asarray(v[0, :20, 0]), atol=1e-6)
     with pytest.raises(ValueError, match="mode"):
         soft_label_attention(q, k, v, p, bits, base=base, mode="hard")
