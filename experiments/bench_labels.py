@@ -38,18 +38,13 @@ def equal_pairs_radius(n: int, pairs_per_head: float) -> int:
         i = jnp.arange(n)
         return float(jnp.sum(jnp.minimum(i + r, n - 1) - jnp.maximum(i - r, 0) + 1))
 
-    return min(range(n), key=lambda r: abs(pairs(r) - pairs_per_head)) if n <= 64 else _bisect(pairs, n, pairs_per_head)
-
-
-def _bisect(pairs, n, target):
-    lo, hi = 0, n - 1
+    lo, hi = 0, n - 1  # pairs(r) increases with r: bisect for the first r reaching the target
     while lo < hi:
         mid = (lo + hi) // 2
-        if pairs(mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo if lo == 0 or abs(pairs(lo) - target) <= abs(pairs(lo - 1) - target) else lo - 1
+        lo, hi = (mid + 1, hi) if pairs(mid) < pairs_per_head else (lo, mid)
+    if lo > 0 and abs(pairs(lo - 1) - pairs_per_head) < abs(pairs(lo) - pairs_per_head):
+        return lo - 1
+    return lo
 
 
 def draw_pattern(path: str, n: int = 256, radius: int = 32, landmark_every: int = 64, d: int = 8, k: int = 2):

@@ -145,3 +145,5 @@ def test_default_reach_and_bad_inputs():
         bucketed_attention(q, kk, v, jnp.zeros((1, 3, 16, 1), jnp.int32), num_labels=2, base=base)
     with pytest.raises(ValueError, match="labels must be"):
         bucketed_attention(q, kk, v, jnp.zeros((1, 1, 15, 1), jnp.int32), num_labels=2, base=base)
+    with pytest.raises(ValueError, match="q/k/v"):
+        bucketed_attention(q, kk[:, :8], v[:, :8], labels, num_labels=2, base=base)

@@ -107,3 +107,5 @@ def test_rows_sum_to_one_with_self_loops_even_when_disconnected():
         np.testing.assert_allclose(np.asarray(out[0, :20, 0]), np.asarray(v[0, :20, 0]), atol=1e-6)
     with pytest.raises(ValueError, match="mode"):
         soft_label_attention(q, k, v, p, bits, base=base, mode="hard")
+    with pytest.raises(ValueError, match="memberships"):
+        soft_label_attention(q, k, v, p[:, :, :5], bits, base=base)

@@ -23,7 +23,9 @@ from sparse_attn.patterns.labels import soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
 MODES = ("soft", "straight_through")
-_EXP_CAP = 60.0  # dropped edges' logits may exceed the kept max; their forward weight is 0, keep exp finite
+# A dropped edge's logit may exceed the kept row max by any amount; its forward weight is exactly 0, but its router
+# gradient scales with e^{s - max}. Capping at the max bounds that gradient by what a kept edge at the max receives.
+_EXP_CAP = 0.0
 
 
 def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, mode, eps, scale, block):
