@@ -50,8 +50,9 @@ def make_core(max_zone: int, implementation: str, handshake_steps: int):
         is_anchor, _ = abca.enforce_zone_cap(is_anchor, None, max_zone)
         zones = abca.compute_zones(is_anchor, None)
         proj = AnchorProjections(*weights, rope_base=10_000.0)
-        return abca_core(q, k, v, zones, proj, max_zone=max_zone, implementation=implementation,
-                         handshake_steps=handshake_steps)
+        return abca_core(
+            q, k, v, zones, proj, max_zone=max_zone, implementation=implementation, handshake_steps=handshake_steps
+        )
 
     return core
 
@@ -66,7 +67,9 @@ def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
     fwd = jax.jit(lambda q, k, v, w, a: core(q, k, v, w, a)[0])
     fb = jax.jit(jax.grad(lambda q, k, v, w, a, ct: jnp.sum(core(q, k, v, w, a)[0] * ct), argnums=(0, 1, 2, 3)))
     row = benchlib.Row(
-        method=name, impl=impl, n=n,
+        method=name,
+        impl=impl,
+        n=n,
         fwd_s=benchlib.time_fn(fwd, q, k, v, weights, is_anchor, repeats=args.repeats),
         fwd_bwd_s=benchlib.time_fn(fb, q, k, v, weights, is_anchor, ct, repeats=args.repeats),
         mem_bytes=benchlib.compiled_memory(fb, q, k, v, weights, is_anchor, ct),
@@ -74,8 +77,18 @@ def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
     capped, inserted = abca.enforce_zone_cap(is_anchor, None, max_zone)
     zones = abca.compute_zones(capped, None)
     _, info = jax.jit(core)(q, k, v, weights, is_anchor)
-    st = abca_stats(zones, inserted, info, causal=False, handshake="chain", handshake_steps=args.handshake_steps,
-                    max_anchors=None, head_dim=HEAD_DIM, heads=heads, slot_width=max_zone)
+    st = abca_stats(
+        zones,
+        inserted,
+        info,
+        causal=False,
+        handshake="chain",
+        handshake_steps=args.handshake_steps,
+        max_anchors=None,
+        head_dim=HEAD_DIM,
+        heads=heads,
+        slot_width=max_zone,
+    )
     row.flops = float(st["attn_flops"])
     row.extra = dict(heads=heads, zone_cap=max_zone, **{k: float(v) for k, v in st.items()})
     return row
@@ -84,15 +97,25 @@ def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
 def measure_dense(n, heads, args) -> benchlib.Row:
     ks = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(kk, (1, n, heads, HEAD_DIM), jnp.float32) for kk in ks)
-    row = benchlib.measure("dense", "jax.nn", n, lambda q, k, v: jax.nn.dot_product_attention(q, k, v), (q, k, v),
-                           repeats=args.repeats, flops=4.0 * heads * n * n * HEAD_DIM)
+    row = benchlib.measure(
+        "dense",
+        "jax.nn",
+        n,
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v),
+        (q, k, v),
+        repeats=args.repeats,
+        flops=4.0 * heads * n * n * HEAD_DIM,
+    )
     row.extra = dict(heads=heads)
     return row
 
 
 def _print(r: benchlib.Row) -> None:
-    print(f"  n={r.n} {r.method:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
-          f"mem {r.mem_bytes / 2**20:8.1f} MiB", flush=True)
+    print(
+        f"  n={r.n} {r.method:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
+        f"mem {r.mem_bytes / 2**20:8.1f} MiB",
+        flush=True,
+    )
 
 
 def run(args) -> list[benchlib.Row]:
@@ -101,8 +124,10 @@ def run(args) -> list[benchlib.Row]:
         heads = 4 if n <= 4096 else 1  # dense's N x N logits must fit at 16384
         rows.append(measure_dense(n, heads, args))
         _print(rows[-1])
-        plan = [("abca_every256", "xla", anchors_fixed(n, 256), 256),
-                ("abca_random128-384", "xla", anchors_random(n, 128, 384), 384)]
+        plan = [
+            ("abca_every256", "xla", anchors_fixed(n, 256), 256),
+            ("abca_random128-384", "xla", anchors_random(n, 128, 384), 384),
+        ]
         if n <= args.blocks_max_n:
             plan.append(("abca_every256", "xla_blocks", anchors_fixed(n, 256), 256))
         for name, impl, mask, max_zone in plan:
@@ -125,8 +150,12 @@ def draw_figures(out_dir: str) -> list[str]:
         layer = abca.layer_intervals(zones, causal=causal, max_zone=cap).to_dense()[0, 0]
         hs = abca.chain_handshake(zones, causal=causal).to_dense()[0, 0]
         path = os.path.join(out_dir, f"abca_pattern_{'causal' if causal else 'bidirectional'}.png")
-        viz.plot_mask(layer | hs, path, title=f"ABCA {'causal' if causal else 'bidirectional'}, n={n}, "
-                      f"max_zone={cap}", extra=dict(anchors=int(zones.num_anchors[0]), inserted=int(inserted[0])))
+        viz.plot_mask(
+            layer | hs,
+            path,
+            title=f"ABCA {'causal' if causal else 'bidirectional'}, n={n}, max_zone={cap}",
+            extra=dict(anchors=int(zones.num_anchors[0]), inserted=int(inserted[0])),
+        )
         paths.append(path)
     return paths
 

@@ -1,4 +1,4 @@
-"""Packed executors for ABCA: zones in fixed-width slots, and anchor rows with a fixed key window.
+"""Packed executor for ABCA: zones in fixed-width slots, run as a batch of small dense attentions.
 
 Why packing (measured, see docs/abca.md): a block list sized for the worst-case span (`block + 2 max_zone` keys per
 query block) computes ~3x the pairs a zone needs. Here each slot starts at an anchor and holds whole consecutive
@@ -100,8 +100,9 @@ def dense_rows(q_BxCxQxHxD, k_BxCxKxGxD, v_BxCxKxGxD, ok_BxCxQxK, scale: float):
     return out.reshape(b, c, nq, h, d), lse.transpose(0, 1, 4, 2, 3).reshape(b, c, nq, h)
 
 
-def packed_zone_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout: SlotLayout, scale: float,
-                          *, chunk: int = 4):
+def packed_zone_attention(
+    q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout: SlotLayout, scale: float, *, chunk: int = 4
+):
     """Attention of every query over its key range [lo, hi], computed slot by slot.
 
     Requires, for every valid query t of slot i, [lo(t), hi(t)] inside [start_i, start_i + width] (or lo > hi, an
@@ -110,7 +111,7 @@ def packed_zone_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layou
     Returns:
       (out [B, N, H, D] in q's dtype, lse float32 [B, N, H]).
     """
-    b, n, h, d = q_BxNxHxD.shape
+    b, n = q_BxNxHxD.shape[:2]
     w = layout.width
     num = layout.start.shape[1]
     chunk = min(chunk, num)
@@ -142,32 +143,3 @@ def packed_zone_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layou
     out = jnp.where(live[..., None, None], out[bi, slot_c, r], 0.0)
     lse = jnp.where(live[..., None], lse[bi, slot_c, r], -jnp.inf)
     return out.astype(q_BxNxHxD.dtype), lse
-
-
-def window_rows_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, rows_BxA, lo_BxA, hi_BxA, count_B, width: int,
-                          scale: float, *, chunk: int = 32):
-    """Attention of the queries at `rows` (the first count[b] are real) over keys [lo, hi], hi - lo < width.
-
-    Returns:
-      (out [B, A, H, D] in q's dtype, lse float32 [B, A, H]); rows past count output 0.
-    """
-    b, a = rows_BxA.shape
-    n = q_BxNxHxD.shape[1]
-    chunk = min(chunk, a)
-    num_chunks = math.ceil(a / chunk)
-    pad = ((0, 0), (0, num_chunks * chunk - a))
-    rows, lo, hi = (jnp.pad(x, pad) for x in (rows_BxA, lo_BxA, hi_BxA))
-    active = (jnp.max(count_B) + chunk - 1) // chunk
-
-    def one(c):
-        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, c * chunk, chunk, axis=1)
-        r, l, u = sl(rows), sl(lo), sl(hi)
-        live = (c * chunk + jnp.arange(chunk, dtype=jnp.int32))[None] < count_B[:, None]  # [B, C]
-        k_pos = l[..., None] + jnp.arange(width, dtype=jnp.int32)[None, None]  # [B, C, K]
-        ok = live[..., None] & (k_pos <= u[..., None]) & (k_pos < n)
-        out, lse = dense_rows(_gather(q_BxNxHxD, r[..., None]), _gather(k_BxNxGxD, k_pos),
-                               _gather(v_BxNxGxD, k_pos), ok[:, :, None], scale)
-        return out[:, :, 0], lse[:, :, 0]
-
-    out, lse = chunk_map(one, num_chunks, active)
-    return unchunk(out)[:, :a].astype(q_BxNxHxD.dtype), unchunk(lse)[:, :a]

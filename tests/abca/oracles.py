@@ -75,8 +75,23 @@ def _rope(x_D, pos, base):
     return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)])
 
 
-def abca_forward(q, k, v, is_anchor, valid_len, wq, wk, wv, *, causal, steps, kind="chain", max_anchors=None,
-                 rope_base=None, scale=None):
+def abca_forward(
+    q,
+    k,
+    v,
+    is_anchor,
+    valid_len,
+    wq,
+    wk,
+    wv,
+    *,
+    causal,
+    steps,
+    kind="chain",
+    max_anchors=None,
+    rope_base=None,
+    scale=None,
+):
     """The three stages for one sequence and one head: q, k, v [N, D]; w* [D, D]. Returns [N, D]."""
     n, d = q.shape
     scale = 1 / np.sqrt(d) if scale is None else scale
@@ -87,8 +102,13 @@ def abca_forward(q, k, v, is_anchor, valid_len, wq, wk, wv, *, causal, steps, ki
     for _ in range(steps):
         proj = {a: (_rope(s[a] @ wq, a, rope_base), _rope(s[a] @ wk, a, rope_base), s[a] @ wv) for a in anchors}
         s = {
-            a: s[a] + _attend(proj[a][0], np.stack([proj[b][1] for b in np.flatnonzero(hs[a])]),
-                              np.stack([proj[b][2] for b in np.flatnonzero(hs[a])]), scale)
+            a: s[a]
+            + _attend(
+                proj[a][0],
+                np.stack([proj[b][1] for b in np.flatnonzero(hs[a])]),
+                np.stack([proj[b][2] for b in np.flatnonzero(hs[a])]),
+                scale,
+            )
             for a in anchors
         }
     k3, v3 = k.copy(), v.copy()

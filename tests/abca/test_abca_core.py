@@ -49,9 +49,15 @@ def test_reference_matches_loop_definition(cfg):
     for b in range(B):
         for h in range(H):
             want = oracles.abca_forward(
-                *(np.asarray(x[b, :, h], np.float64) for x in (q, k, v)), np.asarray(zones.is_anchor[b]), VL[b],
-                *(np.asarray(x[h], np.float64) for x in w), causal=kw["causal"], steps=kw["handshake_steps"],
-                kind=kw["handshake"], max_anchors=kw.get("max_anchors"), rope_base=100.0,
+                *(np.asarray(x[b, :, h], np.float64) for x in (q, k, v)),
+                np.asarray(zones.is_anchor[b]),
+                VL[b],
+                *(np.asarray(x[h], np.float64) for x in w),
+                causal=kw["causal"],
+                steps=kw["handshake_steps"],
+                kind=kw["handshake"],
+                max_anchors=kw.get("max_anchors"),
+                rope_base=100.0,
             )
             np.testing.assert_allclose(out[b, :, h], want, atol=2e-5, rtol=2e-5)
 
@@ -63,7 +69,7 @@ def test_implementations_match_reference(cfg, impl):
     ct = jax.random.normal(jax.random.PRNGKey(7), args[0].shape)
     ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
     np.testing.assert_allclose(jax.jit(fast)(*args, *w), ref(*args, *w), atol=1e-5, rtol=1e-5)
-    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)  # noqa: E731
+    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
     g_ref = jax.grad(loss(ref), tuple(range(6)))(*args, *w)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
     for a, b in zip(g_fast, g_ref):
@@ -75,7 +81,7 @@ def test_xla_overflow_path_matches_reference(causal):
     """More anchors than the compact capacity: the exact position-space path runs and is reported."""
     zones, args, w = _setup(3, density=0.6)
     kw = dict(causal=causal, handshake="chain", handshake_steps=2, max_anchors=3)
-    fast = lambda *a: abca_core(*a[:3], zones, AnchorProjections(*a[3:], rope_base=100.0), max_zone=MZ, **kw)  # noqa: E731
+    fast = lambda *a: abca_core(*a[:3], zones, AnchorProjections(*a[3:], rope_base=100.0), max_zone=MZ, **kw)
     out, info = jax.jit(fast)(*args, *w)
     assert np.all(np.asarray(info["anchor_overflow"]) == np.maximum(np.asarray(zones.num_anchors) - 3, 0))
     assert np.all(np.asarray(info["anchor_overflow"]) > 0)

@@ -21,11 +21,16 @@ def _zones(seed, max_zone, valid_len=(N, 23)):
 
 def _qkv(seed, heads, groups):
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
-    return (jax.random.normal(ks[0], (B, N, heads, D)), jax.random.normal(ks[1], (B, N, groups, D)),
-            jax.random.normal(ks[2], (B, N, groups, D)))
+    return (
+        jax.random.normal(ks[0], (B, N, heads, D)),
+        jax.random.normal(ks[1], (B, N, groups, D)),
+        jax.random.normal(ks[2], (B, N, groups, D)),
+    )
 
 
-@pytest.mark.parametrize("causal,heads,groups,max_zone,width", [(False, 2, 2, 6, 6), (True, 4, 2, 5, 9), (True, 1, 1, 1, 1)])
+@pytest.mark.parametrize(
+    "causal,heads,groups,max_zone,width", [(False, 2, 2, 6, 6), (True, 4, 2, 5, 9), (True, 1, 1, 1, 1)]
+)
 def test_packed_matches_reference(causal, heads, groups, max_zone, width):
     zones = _zones(heads + max_zone, max_zone)
     pattern = abca.zone_intervals(zones, causal=causal, max_zone=max_zone)
@@ -46,7 +51,7 @@ def test_packed_matches_reference(causal, heads, groups, max_zone, width):
     empty = ~np.asarray(pattern.to_dense()[:, 0].any(-1))  # anchors and padding: no allowed key
     assert empty.any() and np.all(np.asarray(o1)[empty] == 0)
 
-    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v)[0] * ct)  # noqa: E731
+    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v)[0] * ct)
     g1 = jax.grad(loss(packed), (0, 1, 2))(q, k, v)
     g2 = jax.grad(loss(ref), (0, 1, 2))(q, k, v)
     for a, b in zip(g1, g2):

@@ -28,10 +28,23 @@ def _run(cfg, x, tokens, *, causal, valid_len=(N, 14), seed=0):
 
 CAUSAL_CONFIGS = {
     "fixed_chain3": AnchorAttentionConfig(placement="fixed", interval=4, max_zone=5, handshake_steps=3),
-    "explicit_global": AnchorAttentionConfig(placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=4,
-                                             handshake="global", max_anchors=3, handshake_steps=2),
-    "learned_st": AnchorAttentionConfig(placement="learned", max_zone=5, handshake_steps=2, straight_through=True,
-                                        boundary_ids=(1, 2), score_bias_init=0.0),
+    "explicit_global": AnchorAttentionConfig(
+        placement="explicit",
+        anchor_id=ANCHOR,
+        vocab_size=VOCAB,
+        max_zone=4,
+        handshake="global",
+        max_anchors=3,
+        handshake_steps=2,
+    ),
+    "learned_st": AnchorAttentionConfig(
+        placement="learned",
+        max_zone=5,
+        handshake_steps=2,
+        straight_through=True,
+        boundary_ids=(1, 2),
+        score_bias_init=0.0,
+    ),
 }
 
 
@@ -78,10 +91,11 @@ def test_module_implementations_agree(causal):
     x, tokens = _inputs(3)
     outs = {}
     for impl in ("reference", "xla"):
-        cfg = AnchorAttentionConfig(placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=6,
-                                    handshake_steps=2, implementation=impl)
+        cfg = AnchorAttentionConfig(
+            placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=6, handshake_steps=2, implementation=impl
+        )
         module, ctx = _run(cfg, x, tokens, causal=causal)
-        outs[impl] = (module(x, ctx), jax.grad(lambda x: jnp.sum(module(x, ctx).y ** 2))(x))
+        outs[impl] = (module(x, ctx), jax.grad(lambda x, m=module, c=ctx: jnp.sum(m(x, c).y ** 2))(x))
     (o1, g1), (o2, g2) = outs["xla"], outs["reference"]
     np.testing.assert_allclose(o1.y, o2.y, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(g1, g2, atol=1e-4, rtol=1e-4)
@@ -122,9 +136,17 @@ def test_config_and_call_errors():
 
 
 def test_plugs_into_the_language_model():
-    cfg = TransformerConfig(vocab_size=VOCAB, model_dim=DM, num_heads=H, num_layers=2, mlp_dim=32,
-                            attention=(AnchorAttentionConfig(placement="fixed", interval=4, max_zone=4),
-                                       AnchorAttentionConfig(placement="learned", max_zone=6, boundary_ids=(1,))))
+    cfg = TransformerConfig(
+        vocab_size=VOCAB,
+        model_dim=DM,
+        num_heads=H,
+        num_layers=2,
+        mlp_dim=32,
+        attention=(
+            AnchorAttentionConfig(placement="fixed", interval=4, max_zone=4),
+            AnchorAttentionConfig(placement="learned", max_zone=6, boundary_ids=(1,)),
+        ),
+    )
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
     _, tokens = _inputs()
     out = model(tokens, valid_len=jnp.array([N, 9]))

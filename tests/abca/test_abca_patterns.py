@@ -34,7 +34,9 @@ def _cases():
     ]
     for seed in range(3):
         r = np.random.default_rng(seed + 10)
-        cases.append((r.random((2, N)) < r.uniform(0.05, 0.5), list(r.integers(1, N + 1, size=2)), int(r.integers(1, 9))))
+        cases.append(
+            (r.random((2, N)) < r.uniform(0.05, 0.5), list(r.integers(1, N + 1, size=2)), int(r.integers(1, 9)))
+        )
     return cases
 
 
@@ -126,8 +128,9 @@ def test_placement_loss_and_straight_through():
     gate = abca.straight_through_gate(s, hard)
     np.testing.assert_array_equal(gate, hard.astype(np.float32))
     g = jax.grad(lambda s: jnp.sum(abca.straight_through_gate(s, hard)))(s)
-    np.testing.assert_allclose(g, p_all := 1 / (1 + np.exp(-np.asarray(s))) * (1 - 1 / (1 + np.exp(-np.asarray(s)))),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        g, p_all := 1 / (1 + np.exp(-np.asarray(s))) * (1 - 1 / (1 + np.exp(-np.asarray(s)))), rtol=1e-6
+    )
     assert np.all(p_all > 0)
 
 

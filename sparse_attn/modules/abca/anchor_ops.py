@@ -76,7 +76,7 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     for r in roles:
         s = jnp.einsum("bnhd,bnhd->bnh", _take(q_BxNxHxD, r), k_BxNxHxD, preferred_element_type=jnp.float32)
         scores.append(s * scale)
-    drop = lambda r: jnp.where(r >= 0, r, n)  # noqa: E731  (scatters drop index n)
+    drop = lambda r: jnp.where(r >= 0, r, n)
     # The max only stabilises exp; the softmax does not depend on it, so it carries no gradient.
     m = jnp.full((b, n, h), -jnp.inf, jnp.float32)
     for r, s in zip(roles, scores):
@@ -117,7 +117,7 @@ def chain_step(s_BxNxHxD, zones: Zones, proj: AnchorProjections, scale: float, *
         nbr_full.append(zones.next_anchor)
 
     def one(lo):
-        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)  # noqa: E731
+        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)
         pos, nbrs = sl(pos_full), [sl(i) for i in nbr_full]
         s = sl(s_BxNxHxD)
         q = proj.query(s, pos)
@@ -137,7 +137,7 @@ def anchor_keys_values(s_BxNxHxD, zones: Zones, proj: AnchorProjections, *, chun
     pos_full = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], zones.is_anchor.shape)
 
     def one(lo):
-        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)  # noqa: E731
+        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)
         s, pos = sl(s_BxNxHxD), sl(pos_full)
         return proj.key(s, pos), proj.value(s, pos)
 
@@ -150,8 +150,9 @@ def global_step(s_BxNxHxD, zones: Zones, anc_BxM, proj: AnchorProjections, scale
     m = anc_BxM.shape[1]
     bi = jnp.arange(b)[:, None]
     anc = jnp.minimum(anc_BxM, n - 1)
-    head = compact_handshake(s_BxNxHxD[bi, anc], anc, zones.num_anchors, proj, scale, causal=causal,
-                             handshake="global", steps=1)
+    head = compact_handshake(
+        s_BxNxHxD[bi, anc], anc, zones.num_anchors, proj, scale, causal=causal, handshake="global", steps=1
+    )
     chained = chain_step(s_BxNxHxD, zones, proj, scale, causal=causal)
     rank = zones.zone_id
     in_head = (zones.is_anchor & (rank < m))[..., None, None]
@@ -168,8 +169,9 @@ def _compact_attend(s_BxMxHxD, anc_BxM, ok_BxMxM, proj: AnchorProjections, scale
     return s_BxMxHxD + jnp.einsum("bhij,bjhd->bihd", p, v.astype(jnp.float32)).astype(s_BxMxHxD.dtype)
 
 
-def compact_handshake(s_BxMxHxD, anc_BxM, count_B, proj: AnchorProjections, scale: float, *, causal: bool,
-                      handshake: str, steps: int):
+def compact_handshake(
+    s_BxMxHxD, anc_BxM, count_B, proj: AnchorProjections, scale: float, *, causal: bool, handshake: str, steps: int
+):
     """`steps` handshakes on compact anchor states (every anchor present: rank i = i-th anchor)."""
     m = s_BxMxHxD.shape[1]
     i = jnp.arange(m, dtype=jnp.int32)

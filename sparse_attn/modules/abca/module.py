@@ -28,9 +28,9 @@ class AnchorAttention(nnx.Module):
         self.anchor_wv = nnx.Param(jnp.broadcast_to(jnp.eye(d), (h, d, d)))
         self.score = nnx.data(None)
         if config.placement == "learned":
-            self.score = nnx.data(nnx.Linear(
-                model_dim, 1, bias_init=nnx.initializers.constant(config.score_bias_init), rngs=rngs
-            ))
+            self.score = nnx.data(
+                nnx.Linear(model_dim, 1, bias_init=nnx.initializers.constant(config.score_bias_init), rngs=rngs)
+            )
 
     def _placement(self, x_BxNxD, ctx: AttentionContext, anchor_mask):
         cfg = self.config
@@ -70,18 +70,36 @@ class AnchorAttention(nnx.Module):
         is_anchor, inserted, gate, aux = self._placement(x_BxNxD, ctx, anchor_mask)
         zones = abca.compute_zones(is_anchor, ctx.valid_len)
         q, k, v = self.proj.qkv(x_BxNxD)
-        anchor_proj = AnchorProjections(self.anchor_wq[...], self.anchor_wk[...], self.anchor_wv[...],
-                                        rope_base=cfg.rope_base)
+        anchor_proj = AnchorProjections(
+            self.anchor_wq[...], self.anchor_wk[...], self.anchor_wv[...], rope_base=cfg.rope_base
+        )
         o, info = abca_core(
-            q, k, v, zones, anchor_proj, max_zone=cfg.max_zone, causal=ctx.causal, handshake=cfg.handshake,
-            handshake_steps=cfg.handshake_steps, max_anchors=cfg.max_anchors, gate_BxN=gate,
-            implementation=cfg.implementation, slot_width=cfg.slot_width,
+            q,
+            k,
+            v,
+            zones,
+            anchor_proj,
+            max_zone=cfg.max_zone,
+            causal=ctx.causal,
+            handshake=cfg.handshake,
+            handshake_steps=cfg.handshake_steps,
+            max_anchors=cfg.max_anchors,
+            gate_BxN=gate,
+            implementation=cfg.implementation,
+            slot_width=cfg.slot_width,
         )
         live = (jnp.arange(x_BxNxD.shape[1])[None] < ctx.valid_len[:, None])[..., None]
         y = jnp.where(live, self.proj.out(o), 0.0).astype(x_BxNxD.dtype)
         stats = abca_stats(
-            zones, inserted, info, causal=ctx.causal, handshake=cfg.handshake, handshake_steps=cfg.handshake_steps,
-            max_anchors=cfg.max_anchors, head_dim=q.shape[-1], heads=q.shape[2],
+            zones,
+            inserted,
+            info,
+            causal=ctx.causal,
+            handshake=cfg.handshake,
+            handshake_steps=cfg.handshake_steps,
+            max_anchors=cfg.max_anchors,
+            head_dim=q.shape[-1],
+            heads=q.shape[2],
             slot_width=(cfg.slot_width or cfg.max_zone) if cfg.implementation == "xla" else None,
         )
         stats = {f"abca/{k}": jax.lax.stop_gradient(v) for k, v in stats.items()}

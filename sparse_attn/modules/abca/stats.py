@@ -12,8 +12,19 @@ def _range_pairs(lo_BxN, hi_BxN, rows_BxN):
     return jnp.sum(jnp.where(rows_BxN, jnp.maximum(hi_BxN - lo_BxN + 1, 0), 0).astype(jnp.float32))
 
 
-def abca_stats(zones: Zones, inserted_B, info: dict, *, causal: bool, handshake: str, handshake_steps: int,
-               max_anchors: int | None, head_dim: int, heads: int, slot_width: int | None = None) -> dict:
+def abca_stats(
+    zones: Zones,
+    inserted_B,
+    info: dict,
+    *,
+    causal: bool,
+    handshake: str,
+    handshake_steps: int,
+    max_anchors: int | None,
+    head_dim: int,
+    heads: int,
+    slot_width: int | None = None,
+) -> dict:
     """Scalars (floats) for logging; FLOPs are forward attention FLOPs, 4 * pairs * head_dim per head."""
     pos = jnp.arange(zones.num_tokens, dtype=jnp.int32)[None]
     live = pos < zones.valid_len[:, None]
@@ -24,8 +35,11 @@ def abca_stats(zones: Zones, inserted_B, info: dict, *, causal: bool, handshake:
         hs = abca.chain_handshake(zones, causal=causal)
     else:
         hs, _ = abca.global_handshake(zones, max_anchors=max_anchors, causal=causal)
-    pairs = (_range_pairs(g_lo, g_hi, anchors) + _range_pairs(z_lo, z_hi, tokens)
-             + handshake_steps * jnp.sum(hs.valid, dtype=jnp.float32))
+    pairs = (
+        _range_pairs(g_lo, g_hi, anchors)
+        + _range_pairs(z_lo, z_hi, tokens)
+        + handshake_steps * jnp.sum(hs.valid, dtype=jnp.float32)
+    )
     per_pair = 4.0 * head_dim * heads
     dense = per_pair * jnp.sum(zones.valid_len.astype(jnp.float32) ** 2)
     out = dict(abca.zone_stats(zones))
