@@ -147,3 +147,19 @@ def test_default_reach_and_bad_inputs():
         bucketed_attention(q, kk, v, jnp.zeros((1, 1, 15, 1), jnp.int32), num_labels=2, base=base)
     with pytest.raises(ValueError, match="q/k/v"):
         bucketed_attention(q, kk[:, :8], v[:, :8], labels, num_labels=2, base=base)
+
+
+def test_edge_geometry_short_sequences_and_empty_batches():
+    """n < block, radius >= n, a single landmark, and a sequence with valid_len = 0."""
+    b, n, h, dh, d = 2, 5, 2, 4, 3
+    q, kk, v, _ = _qkv(b, n, h, 1, dh, seed=5)
+    labels = B.top_k_labels(jax.random.normal(jax.random.PRNGKey(6), (b, 1, n, d)), 2)
+    vl = jnp.asarray([n, 0])
+    for base in (BaseGraph(radius=50, landmark_every=7), BaseGraph(radius=1, landmark_every=3, causal=True)):
+        out, lse, info = jax.jit(
+            lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)
+        )(q, kk, v)
+        r_out, r_lse = reference_attention(q, kk, v, LabelPattern(B.pack_labels(labels, d), vl, base), 1 / np.sqrt(dh))
+        np.testing.assert_allclose(np.asarray(out), np.asarray(r_out), **TOL)
+        assert np.all(np.asarray(out)[1] == 0) and np.all(np.isneginf(np.asarray(lse)[1]))
+        assert int(info["overflow"]) == 0 and np.all(np.asarray(info["keys"])[1] == 0)
