@@ -16,7 +16,6 @@ memory (temp + args + outputs) >= 4x lower than dense.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -129,7 +128,9 @@ def main(argv=None):
     for method, impl, fn, fargs, pairs, extra in runs:
         if pairs is None:
             pairs = float(sparse_attn.patterns.pattern_stats(win if method == "window" else win_eq, dh)["pairs"])
-        row = benchlib.measure(method, impl, n, fn, fargs, repeats=args.repeats, flops=4.0 * pairs * dh * h, extra=extra)
+        row = benchlib.measure(
+            method, impl, n, fn, fargs, repeats=args.repeats, flops=4.0 * pairs * dh * h, extra=extra
+        )
         rows.append(row)
         print(f"{method}: fwd {row.fwd_s * 1e3:.1f} ms, fwd+bwd {row.fwd_bwd_s * 1e3:.1f} ms, "
               f"{row.mem_bytes / 2**20:.1f} MiB", flush=True)  # fmt: skip
@@ -150,7 +151,9 @@ def main(argv=None):
         and overflow == 0
     )
     table = benchlib.format_table(rows)
-    command = "python -m experiments.bench_labels" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
+    command = "python -m experiments.bench_labels" + (
+        " " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else ""
+    )
     print(table)
     print({k2: (round(v2, 2) if isinstance(v2, float) else v2) for k2, v2 in acceptance.items()})
     os.makedirs(args.out_dir, exist_ok=True)

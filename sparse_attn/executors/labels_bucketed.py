@@ -196,7 +196,7 @@ def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block, r
     its own end): inside a bucket an entry's window range lies within `reach` entries of it unless the bucket is
     locally denser than planned, which `overflow` counts.
     """
-    n, g, r, dh = q_NxGxRxD.shape
+    _, g, r, dh = q_NxGxRxD.shape
     e = lay.token_E.shape[0]
     nb = -(-e // block)
     pad = nb * block - e
@@ -242,7 +242,6 @@ def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, s
 
 
 def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, reach, group):
-    n, kk = labels_NxK.shape
     lay = bucket_layout(labels_NxK, num_labels, base, vl)
     o_E, lse_E, keys_E, overflow = _bucket_pass(
         q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal, group
@@ -318,7 +317,16 @@ def bucketed_attention(
 
     def one(q, k, v, lab, length):
         return _one_sequence(
-            q, k, v, lab, length, num_labels=num_labels, base=base, scale=scale, block=block, reach=reach,
+            q,
+            k,
+            v,
+            lab,
+            length,
+            num_labels=num_labels,
+            base=base,
+            scale=scale,
+            block=block,
+            reach=reach,
             group=max(1, group_entries // block),
         )
 

@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import label_oracles as oracles
 import numpy as np
 import pytest
 
@@ -11,7 +12,6 @@ from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import buckets, candidates, stats
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
-import label_oracles as oracles
 
 
 @pytest.mark.parametrize("d", [5, 32, 33, 64])

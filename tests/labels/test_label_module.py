@@ -2,11 +2,11 @@
 
 import jax
 import jax.numpy as jnp
+import label_oracles as oracles
 import numpy as np
 import pytest
 from flax import nnx
 
-import label_oracles as oracles
 from sparse_attn.models.transformer import TransformerConfig, TransformerLM
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import LabelAttentionConfig
@@ -106,7 +106,9 @@ def test_statistics_are_exact():
     h = oracles.base_graph(n, 3, 0, False, 36)
     keys = oracles.hard_mask(z, h).sum(-1)[None, None]
     sizes = z[:36].sum(0)[None, None]
-    st = label_stats(jnp.asarray(keys), jnp.asarray(sizes), heads=4, head_dim=8, causal=False, valid_len=jnp.asarray([36]))
+    st = label_stats(
+        jnp.asarray(keys), jnp.asarray(sizes), heads=4, head_dim=8, causal=False, valid_len=jnp.asarray([36])
+    )
     deg = keys[0, 0, :36] - 1
     assert float(st["frac_disconnected"]) == pytest.approx(np.mean(deg == 0))
     assert float(st["mean_degree"]) == pytest.approx(deg.mean())

@@ -4,6 +4,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import label_oracles as oracles
 import numpy as np
 import pytest
 
@@ -11,7 +12,6 @@ from sparse_attn.modules.labels.soft_attention import soft_label_attention
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
-import label_oracles as oracles
 
 N, D, L = 40, 8, 6
 
@@ -43,7 +43,7 @@ def test_soft_phase_matches_the_dense_oracle(causal):
     base = BaseGraph(radius=6, landmark_every=9, causal=causal)
     p = soft.memberships(r, 0.7)
     bits = B.pack_labels(B.top_k_labels(r, 2), L)
-    out, lse, keys = _run(q, k, v, p, bits, base=base, mode="soft")
+    out, _, keys = _run(q, k, v, p, bits, base=base, mode="soft")
     h = oracles.base_graph(N, 6, 9, causal)
     want = _soft_oracle(np.asarray(q[0]), np.asarray(k[0]), np.asarray(v[0]), np.asarray(p[0, 0]), h, 1e-6)
     np.testing.assert_allclose(np.asarray(out[0]), want, atol=2e-5, rtol=2e-5)
@@ -99,7 +99,7 @@ def test_rows_sum_to_one_with_self_loops_even_when_disconnected():
     p = jnp.full((1, 1, n, L), 1e-3)
     bits = B.pack_labels(jnp.zeros((1, 1, n, 1), jnp.int32), L)
     for mode in ("soft", "straight_through"):
-        out, lse, keys = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
+        out, _, keys = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
         assert np.all(np.isfinite(np.asarray(out))) and np.all(np.asarray(keys)[0, 0, :20] == 1)
         np.testing.assert_allclose(np.asarray(out)[0, :20], 1.0, atol=1e-6)  # softmax rows sum to 1
         np.testing.assert_array_equal(np.asarray(out)[0, 20:], 0.0)

@@ -68,7 +68,7 @@ class LabelAttention(nnx.Module):
 
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
         cfg = self.config
-        b, n, _ = x_BxNxD.shape
+        b = x_BxNxD.shape[0]
         valid_len = jnp.broadcast_to(jnp.asarray(ctx.valid_len, jnp.int32), (b,))
         base = BaseGraph(radius=cfg.radius, landmark_every=cfg.landmark_every, causal=ctx.causal)
         q, k, v = self.proj.qkv(x_BxNxD)

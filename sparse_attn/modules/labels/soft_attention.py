@@ -41,7 +41,6 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, m
         lmk = jnp.broadcast_to(x_NxF[lm][None], (nb, nl) + x_NxF.shape[1:])
         return jnp.concatenate([band, lmk], axis=1)
 
-    pos = jnp.arange(n, dtype=jnp.int32)
     qpos = (jnp.arange(nb, dtype=jnp.int32)[:, None] * block + jnp.arange(block, dtype=jnp.int32)[None])[..., None]
     band_pos = jnp.arange(nb, dtype=jnp.int32)[:, None] * block - w + jnp.arange(width, dtype=jnp.int32)[None]
     kpos = jnp.concatenate([band_pos, jnp.broadcast_to(lm[None], (nb, nl))], axis=1)[:, None, :]  # [nb, 1, C+L]
@@ -51,7 +50,7 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, m
     selfp = kpos == qpos
 
     pad = nb * block - n
-    padq = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])  # noqa: E731
+    padq = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])
     bias = soft.log_q(padq(p_NxL)[:, :, None, :], keys(p_NxL)[:, None, :, :], eps)  # [nb, B, C+L]
     q_xBxGxRxD = padq(q_NxGxRxD)
     s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, keys(k_NxGxD), preferred_element_type=jnp.float32) * scale
@@ -65,7 +64,9 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, m
         ok = hard[:, None, None]
         m = jax.lax.stop_gradient(jnp.max(jnp.where(ok, s, -jnp.inf), axis=-1, keepdims=True))
         m = jnp.where(jnp.isfinite(m), m, 0.0)
-        ex = jnp.where(edge[:, None, None], jnp.exp(jnp.minimum(jnp.where(edge[:, None, None], s, 0.0) - m, _EXP_CAP)), 0.0)
+        ex = jnp.where(
+            edge[:, None, None], jnp.exp(jnp.minimum(jnp.where(edge[:, None, None], s, 0.0) - m, _EXP_CAP)), 0.0
+        )
         num = a_st[:, None, None] * ex
         l = jnp.sum(num, axis=-1, keepdims=True)
         alive = jax.lax.stop_gradient(jnp.any(ok, axis=-1, keepdims=True))
@@ -106,7 +107,12 @@ def soft_label_attention(
     b, n, h, dh = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
     pp = p_BxPxNxL.shape[1]
-    if p_BxPxNxL.ndim != 4 or pp not in (1, h) or p_BxPxNxL.shape[2] != n or bits_BxPxNxW.shape[:3] != p_BxPxNxL.shape[:3]:
+    if (
+        p_BxPxNxL.ndim != 4
+        or pp not in (1, h)
+        or p_BxPxNxL.shape[2] != n
+        or bits_BxPxNxW.shape[:3] != p_BxPxNxL.shape[:3]
+    ):
         raise ValueError(f"memberships {p_BxPxNxL.shape} / bits {bits_BxPxNxW.shape} must be [B|1, 1|{h}, {n}, ...]")
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
     r = h // g

@@ -69,8 +69,10 @@ class BaseGraph:
     def dense(self, n: int, valid_len=None) -> jax.Array:
         """bool[B|1, N, N]: E(H) ∪ self as a dense matrix (tests and small problems only)."""
         pos = jnp.arange(n, dtype=jnp.int32)
-        return jnp.broadcast_to(self.edges(pos[None, :, None], pos[None, None, :], valid_len), (
-            1 if valid_len is None else jnp.shape(valid_len)[0], n, n))
+        return jnp.broadcast_to(
+            self.edges(pos[None, :, None], pos[None, None, :], valid_len),
+            (1 if valid_len is None else jnp.shape(valid_len)[0], n, n),
+        )
 
     def num_edges_per_query(self, n: int) -> int:
         """Upper bound on |N_H(u)| including self (for capacities and FLOP estimates)."""

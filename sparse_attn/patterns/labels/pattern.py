@@ -31,7 +31,7 @@ class LabelPattern:
     def num_tokens(self) -> int:
         return self.bits.shape[2]
 
-    def validate(self, batch: int | None = None, heads: int | None = None) -> "LabelPattern":
+    def validate(self, batch: int | None = None, heads: int | None = None) -> LabelPattern:
         b = self.bits
         if b.dtype != jnp.uint32 or b.ndim != 4 or b.shape[3] not in (1, 2):
             raise ValueError(f"LabelPattern.bits must be uint32[B|1, H|1, N, 1|2], got {b.dtype}{b.shape}")

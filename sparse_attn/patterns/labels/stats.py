@@ -39,7 +39,11 @@ def label_stats(keys_BxPxN, sizes_BxPxL, *, heads: int, head_dim: int, causal: b
       sizes_BxPxL: int32 bucket sizes.
     """
     b, p, n = keys_BxPxN.shape
-    live = jnp.ones((1, 1, n), bool) if valid_len is None else jnp.arange(n)[None, None] < jnp.reshape(valid_len, (-1, 1, 1))
+    live = (
+        jnp.ones((1, 1, n), bool)
+        if valid_len is None
+        else jnp.arange(n)[None, None] < jnp.reshape(valid_len, (-1, 1, 1))
+    )
     live = jnp.broadcast_to(live, keys_BxPxN.shape)
     deg = jnp.where(live, keys_BxPxN - 1, 0).astype(jnp.float32)  # candidates exclude self
     count = jnp.maximum(jnp.sum(live), 1)
