@@ -62,15 +62,15 @@ def test_reference_matches_loop_definition(cfg):
             np.testing.assert_allclose(out[b, :, h], want, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("cfg,impl", [(0, "xla"), (2, "xla"), (3, "xla"), (4, "xla"), (1, "xla_blocks")])
+@pytest.mark.parametrize("cfg,impl", [(0, "xla"), (3, "xla"), (4, "xla"), (1, "xla_blocks")])
 def test_implementations_match_reference(cfg, impl):
     kw = CONFIGS[cfg]
     zones, args, w = _setup(cfg)
     ct = jax.random.normal(jax.random.PRNGKey(7), args[0].shape)
     ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
-    np.testing.assert_allclose(jax.jit(fast)(*args, *w), ref(*args, *w), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
     loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
-    g_ref = jax.grad(loss(ref), tuple(range(6)))(*args, *w)
+    g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args, *w)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
     for a, b in zip(g_fast, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
@@ -85,7 +85,7 @@ def test_xla_overflow_path_matches_reference(causal):
     out, info = jax.jit(fast)(*args, *w)
     assert np.all(np.asarray(info["anchor_overflow"]) == np.maximum(np.asarray(zones.num_anchors) - 3, 0))
     assert np.all(np.asarray(info["anchor_overflow"]) > 0)
-    ref = _core(zones, w, implementation="reference", **kw)(*args, *w)
+    ref = jax.jit(_core(zones, w, implementation="reference", **kw))(*args, *w)
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 

@@ -44,7 +44,7 @@ def test_packed_matches_reference(causal, heads, groups, max_zone, width):
     def ref(q, k, v):
         return sparse_attn.attention(q, k, v, pattern, implementation="reference", scale=0.4, return_lse=True)
 
-    (o1, l1), (o2, l2) = jax.jit(packed)(q, k, v), ref(q, k, v)
+    (o1, l1), (o2, l2) = jax.jit(packed)(q, k, v), jax.jit(ref)(q, k, v)
     np.testing.assert_allclose(o1, o2, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(np.isneginf(l1), np.isneginf(l2))
     np.testing.assert_allclose(np.where(np.isinf(l2), 0, l1), np.where(np.isinf(l2), 0, l2), atol=1e-5, rtol=1e-5)
@@ -52,8 +52,8 @@ def test_packed_matches_reference(causal, heads, groups, max_zone, width):
     assert empty.any() and np.all(np.asarray(o1)[empty] == 0)
 
     loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v)[0] * ct)
-    g1 = jax.grad(loss(packed), (0, 1, 2))(q, k, v)
-    g2 = jax.grad(loss(ref), (0, 1, 2))(q, k, v)
+    g1 = jax.jit(jax.grad(loss(packed), (0, 1, 2)))(q, k, v)
+    g2 = jax.jit(jax.grad(loss(ref), (0, 1, 2)))(q, k, v)
     for a, b in zip(g1, g2):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
