@@ -1,6 +1,8 @@
 """NNX attention modules. Each mechanism: a frozen config with `make(model_dim, num_heads, *, rngs)`."""
 
+from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig
 from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput, Projections
+from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
     DenseAttention,
@@ -8,15 +10,22 @@ from sparse_attn.modules.pattern_attention import (
     LongformerAttention,
     PatternAttention,
 )
+from sparse_attn.modules.routing import RoutingAttention, RoutingAttentionConfig
 
 __all__ = [
+    "AnchorAttention",
+    "AnchorAttentionConfig",
     "AttentionConfig",
     "AttentionContext",
     "AttentionOutput",
     "BigBirdAttention",
     "DenseAttention",
+    "LabelAttention",
+    "LabelAttentionConfig",
     "LocalAttention",
     "LongformerAttention",
     "PatternAttention",
     "Projections",
+    "RoutingAttention",
+    "RoutingAttentionConfig",
 ]
