@@ -14,6 +14,7 @@ follows the used slots and memory one chunk, not the worst case.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -106,40 +107,137 @@ def packed_zone_attention(
     """Attention of every query over its key range [lo, hi], computed slot by slot.
 
     Requires, for every valid query t of slot i, [lo(t), hi(t)] inside [start_i, start_i + width] (or lo > hi, an
-    empty row). Positions in no slot (padding) output 0 and lse -inf.
+    empty row). Positions in no slot (padding) output 0 and lse -inf. The backward pass is a second slot loop
+    (flash-style: probabilities recomputed from lse) that adds each slot's dq/dk/dv into a width-sized window of the
+    accumulators, so a step costs O(width), not O(N) as autodiff of the forward loop would.
 
     Returns:
       (out [B, N, H, D] in q's dtype, lse float32 [B, N, H]).
     """
-    b, n = q_BxNxHxD.shape[:2]
-    w = layout.width
-    num = layout.start.shape[1]
-    chunk = min(chunk, num)
+    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
+    return _packed(*args, layout.width, float(scale), min(chunk, layout.start.shape[1]))
+
+
+def _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n):
+    """Positions and mask of slot c * chunk + j: (st [B], q_pos [B, W], k_pos [B, W+1], ok [B, W, W+1])."""
+    st = jax.lax.dynamic_index_in_dim(start, c * chunk + j, axis=1, keepdims=False)
+    q_pos = st[:, None] + jnp.arange(w, dtype=jnp.int32)[None]
+    k_pos = st[:, None] + jnp.arange(w + 1, dtype=jnp.int32)[None]
+    take = lambda x: _gather(x[..., None, None], q_pos[:, None])[:, 0, :, 0, 0]  # noqa: E731
+    row = (q_pos < n) & (take(slot_of) == c * chunk + j)
+    kp = k_pos[:, None, :]
+    ok = row[..., None] & (take(lo)[..., None] <= kp) & (kp <= take(hi)[..., None]) & (kp < n)
+    return st, q_pos, k_pos, ok
+
+
+def _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
+    b, n = q.shape[:2]
+    num = start.shape[1]
     num_chunks = math.ceil(num / chunk)
-    start = jnp.pad(layout.start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
-    active = (jnp.max(layout.used) + chunk - 1) // chunk
+    start = jnp.pad(start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
+    active = (jnp.max(used) + chunk - 1) // chunk
 
     def one(c):
         st = jax.lax.dynamic_slice_in_dim(start, c * chunk, chunk, axis=1)  # [B, C]
         slot = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
         q_pos = st[..., None] + jnp.arange(w, dtype=jnp.int32)[None, None]  # [B, C, W]
         k_pos = st[..., None] + jnp.arange(w + 1, dtype=jnp.int32)[None, None]  # [B, C, W+1]
-        row = (q_pos < n) & (_gather(layout.slot_of[..., None, None], q_pos)[..., 0, 0] == slot[None, :, None])
-        lo = _gather(lo_BxN[..., None, None], q_pos)[..., 0, 0]
-        hi = _gather(hi_BxN[..., None, None], q_pos)[..., 0, 0]
+        row = (q_pos < n) & (_gather(slot_of[..., None, None], q_pos)[..., 0, 0] == slot[None, :, None])
+        lo_ = _gather(lo[..., None, None], q_pos)[..., 0, 0]
+        hi_ = _gather(hi[..., None, None], q_pos)[..., 0, 0]
         kp = k_pos[:, :, None, :]
-        ok = row[..., None] & (lo[..., None] <= kp) & (kp <= hi[..., None]) & (kp < n)
-        return dense_rows(_gather(q_BxNxHxD, q_pos), _gather(k_BxNxGxD, k_pos), _gather(v_BxNxGxD, k_pos), ok, scale)
+        ok = row[..., None] & (lo_[..., None] <= kp) & (kp <= hi_[..., None]) & (kp < n)
+        return dense_rows(_gather(q, q_pos), _gather(k, k_pos), _gather(v, k_pos), ok, scale)
 
     out, lse = chunk_map(one, num_chunks, active)
     out, lse = unchunk(out), unchunk(lse)  # [B, S', W, H, D], [B, S', W, H]
     pos = jnp.arange(n, dtype=jnp.int32)[None]
-    slot = layout.slot_of
-    live = (slot >= 0) & (pos < n)
-    slot_c = jnp.maximum(slot, 0)
+    live = slot_of >= 0
+    slot_c = jnp.maximum(slot_of, 0)
     bi = jnp.arange(b)[:, None]
     r = jnp.clip(pos - start[bi, slot_c], 0, w - 1)
     live = live & (pos - start[bi, slot_c] < w)
     out = jnp.where(live[..., None, None], out[bi, slot_c, r], 0.0)
     lse = jnp.where(live[..., None], lse[bi, slot_c, r], -jnp.inf)
-    return out.astype(q_BxNxHxD.dtype), lse
+    return out.astype(q.dtype), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _packed(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
+    return _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
+
+
+def _packed_fwd(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
+    out, lse = _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
+    return (out, lse), (q, k, v, lo, hi, start, slot_of, used, out, lse)
+
+
+def _add_window(acc_BxMxGxD, st_B, upd_BxLxGxD):
+    def one(a, s, u):
+        cur = jax.lax.dynamic_slice_in_dim(a, s, u.shape[0], axis=0)
+        return jax.lax.dynamic_update_slice_in_dim(a, cur + u, s, axis=0)
+
+    return jax.vmap(one)(acc_BxMxGxD, st_B, upd_BxLxGxD)
+
+
+def _packed_bwd(w, scale, chunk, res, cts):
+    q, k, v, lo, hi, start, slot_of, used, out, lse = res
+    dout, dlse = cts
+    b, n, h, d = q.shape
+    g = k.shape[2]
+    r = h // g
+    num = start.shape[1]
+    num_chunks = math.ceil(num / chunk)
+    start = jnp.pad(start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
+    active = (jnp.max(used) + chunk - 1) // chunk
+    dout = dout.astype(jnp.float32)
+    live = jnp.isfinite(lse)
+    delta = jnp.sum(dout * out.astype(jnp.float32), axis=-1) - jnp.where(live, dlse, 0.0)  # [B, N, H]
+    lse0 = jnp.where(live, lse, 0.0)
+    pad = ((0, 0), (0, w + 1), (0, 0), (0, 0))
+    acc0 = (
+        jnp.pad(jnp.zeros(q.shape, jnp.float32), pad),
+        jnp.pad(jnp.zeros(k.shape, jnp.float32), pad),
+        jnp.pad(jnp.zeros(v.shape, jnp.float32), pad),
+    )
+
+    def slot_grads(acc, c, j):
+        st, q_pos, k_pos, ok = _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n)
+        take = lambda x, pos: _gather(x, pos[:, None])[:, 0]  # noqa: E731
+        split = lambda x: x.reshape(b, w, g, r, *x.shape[3:])  # noqa: E731
+        qs, dos = split(take(q, q_pos)), split(take(dout, q_pos))  # [B, W, G, R, D]
+        ls, dl = split(take(lse0, q_pos)), split(take(delta, q_pos))  # [B, W, G, R]
+        ks, vs = take(k, k_pos), take(v, k_pos)  # [B, W+1, G, D]
+        okb = ok[:, None, None]  # [B, 1, 1, W, W+1]
+        s = jnp.einsum("bqgrd,bkgd->bgrqk", qs, ks, preferred_element_type=jnp.float32) * scale
+        lt = ls.transpose(0, 2, 3, 1)[..., None]
+        p = jnp.where(okb, jnp.exp(jnp.where(okb, s - lt, 0.0)), 0.0)
+        dp = jnp.einsum("bqgrd,bkgd->bgrqk", dos, vs.astype(jnp.float32))
+        ds = p * (dp - dl.transpose(0, 2, 3, 1)[..., None]) * scale
+        dq = jnp.einsum("bgrqk,bkgd->bqgrd", ds, ks.astype(jnp.float32)).reshape(b, w, h, d)
+        dk = jnp.einsum("bgrqk,bqgrd->bkgd", ds, qs.astype(jnp.float32))
+        dv = jnp.einsum("bgrqk,bqgrd->bkgd", p, dos)
+        return (_add_window(acc[0], st, dq), _add_window(acc[1], st, dk), _add_window(acc[2], st, dv))
+
+    def step(acc, c):
+        def run(acc):
+            for j in range(chunk):  # slots of one step share keys at their edges: add them one after the other
+                acc = slot_grads(acc, c, j)
+            return acc
+
+        return jax.lax.cond(c < active, run, lambda a: a, acc), None
+
+    (dq, dk, dv), _ = jax.lax.scan(step, acc0, jnp.arange(num_chunks, dtype=jnp.int32))
+    return (
+        dq[:, :n].astype(q.dtype),
+        dk[:, :n].astype(k.dtype),
+        dv[:, :n].astype(v.dtype),
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+
+
+_packed.defvjp(_packed_fwd, _packed_bwd)
