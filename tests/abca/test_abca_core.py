@@ -76,7 +76,7 @@ def test_implementations_match_reference(cfg, impl):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [True])  # bidirectional overflow: CONFIGS[3] (global) in the test above
 def test_xla_overflow_path_matches_reference(causal):
     """More anchors than the compact capacity: the exact position-space path runs and is reported."""
     zones, args, w = _setup(3, density=0.6)

@@ -85,7 +85,7 @@ def test_learned_placement_gets_gradients():
     assert set(out.aux_losses) == {"abca/placement"} and float(out.aux_losses["abca/placement"]) > 0
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [True])  # bidirectional: test_abca_core compares the implementations
 def test_module_implementations_agree(causal):
     x, tokens = _inputs(3)
     outs = {}
