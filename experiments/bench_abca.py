@@ -106,7 +106,7 @@ def measure_dense(n, heads, args) -> benchlib.Row:
         repeats=args.repeats,
         flops=4.0 * heads * n * n * HEAD_DIM,
     )
-    row.extra = dict(heads=heads)
+    row.extra = {"heads": heads}
     return row
 
 
@@ -154,7 +154,7 @@ def draw_figures(out_dir: str) -> list[str]:
             layer | hs,
             path,
             title=f"ABCA {'causal' if causal else 'bidirectional'}, n={n}, max_zone={cap}",
-            extra=dict(anchors=int(zones.num_anchors[0]), inserted=int(inserted[0])),
+            extra={"anchors": int(zones.num_anchors[0]), "inserted": int(inserted[0])},
         )
         paths.append(path)
     return paths

@@ -31,7 +31,7 @@ class SlotLayout:
     start: jax.Array
     slot_of: jax.Array
     used: jax.Array
-    width: int = dataclasses.field(metadata=dict(static=True))
+    width: int = dataclasses.field(metadata={"static": True})
 
 
 def max_slots(n: int, width: int) -> int:
@@ -123,7 +123,7 @@ def _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n):
     st = jax.lax.dynamic_index_in_dim(start, c * chunk + j, axis=1, keepdims=False)
     q_pos = st[:, None] + jnp.arange(w, dtype=jnp.int32)[None]
     k_pos = st[:, None] + jnp.arange(w + 1, dtype=jnp.int32)[None]
-    take = lambda x: _gather(x[..., None, None], q_pos[:, None])[:, 0, :, 0, 0]  # noqa: E731
+    take = lambda x: _gather(x[..., None, None], q_pos[:, None])[:, 0, :, 0, 0]
     row = (q_pos < n) & (take(slot_of) == c * chunk + j)
     kp = k_pos[:, None, :]
     ok = row[..., None] & (take(lo)[..., None] <= kp) & (kp <= take(hi)[..., None]) & (kp < n)
@@ -203,8 +203,8 @@ def _packed_bwd(w, scale, chunk, res, cts):
 
     def slot_grads(acc, c, j):
         st, q_pos, k_pos, ok = _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n)
-        take = lambda x, pos: _gather(x, pos[:, None])[:, 0]  # noqa: E731
-        split = lambda x: x.reshape(b, w, g, r, *x.shape[3:])  # noqa: E731
+        take = lambda x, pos: _gather(x, pos[:, None])[:, 0]
+        split = lambda x: x.reshape(b, w, g, r, *x.shape[3:])
         qs, dos = split(take(q, q_pos)), split(take(dout, q_pos))  # [B, W, G, R, D]
         ls, dl = split(take(lse0, q_pos)), split(take(delta, q_pos))  # [B, W, G, R]
         ks, vs = take(k, k_pos), take(v, k_pos)  # [B, W+1, G, D]

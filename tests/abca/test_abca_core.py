@@ -33,11 +33,11 @@ def _core(zones, w, **kw):
 
 
 CONFIGS = [
-    dict(causal=False, handshake="chain", handshake_steps=1),
-    dict(causal=False, handshake="chain", handshake_steps=3),
-    dict(causal=True, handshake="chain", handshake_steps=3),
-    dict(causal=False, handshake="global", handshake_steps=2, max_anchors=4),  # overflow: chain for the rest
-    dict(causal=True, handshake="global", handshake_steps=1, max_anchors=32),
+    {"causal": False, "handshake": "chain", "handshake_steps": 1},
+    {"causal": False, "handshake": "chain", "handshake_steps": 3},
+    {"causal": True, "handshake": "chain", "handshake_steps": 3},
+    {"causal": False, "handshake": "global", "handshake_steps": 2, "max_anchors": 4},  # overflow: chain for the rest
+    {"causal": True, "handshake": "global", "handshake_steps": 1, "max_anchors": 32},
 ]
 
 
@@ -80,7 +80,7 @@ def test_implementations_match_reference(cfg, impl):
 def test_xla_overflow_path_matches_reference(causal):
     """More anchors than the compact capacity: the exact position-space path runs and is reported."""
     zones, args, w = _setup(3, density=0.6)
-    kw = dict(causal=causal, handshake="chain", handshake_steps=2, max_anchors=3)
+    kw = {"causal": causal, "handshake": "chain", "handshake_steps": 2, "max_anchors": 3}
     fast = lambda *a: abca_core(*a[:3], zones, AnchorProjections(*a[3:], rope_base=100.0), max_zone=MZ, **kw)
     out, info = jax.jit(fast)(*args, *w)
     assert np.all(np.asarray(info["anchor_overflow"]) == np.maximum(np.asarray(zones.num_anchors) - 3, 0))

@@ -26,7 +26,7 @@ class AnchorProjections:
     w_q: jax.Array
     w_k: jax.Array
     w_v: jax.Array
-    rope_base: float | None = dataclasses.field(default=None, metadata=dict(static=True))
+    rope_base: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     def _proj(self, s, w, pos_BxM, rope: bool):
         out = jnp.einsum("bmhd,hde->bmhe", s, w.astype(s.dtype))

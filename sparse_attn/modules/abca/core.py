@@ -102,14 +102,14 @@ def abca_core(
     )
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
     gate = jnp.ones(zones.is_anchor.shape, jnp.float32) if gate_BxN is None else gate_BxN
-    kw = dict(
-        max_zone=max_zone,
-        causal=causal,
-        handshake=handshake,
-        handshake_steps=handshake_steps,
-        max_anchors=max_anchors,
-        scale=scale,
-    )
+    kw = {
+        "max_zone": max_zone,
+        "causal": causal,
+        "handshake": handshake,
+        "handshake_steps": handshake_steps,
+        "max_anchors": max_anchors,
+        "scale": scale,
+    }
     if implementation == "xla":
         return _packed(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, slot_width=slot_width or max_zone, **kw)
     return _positional(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, implementation=implementation, **kw)
@@ -134,7 +134,7 @@ def _positional(
     k3 = jnp.where(anchor, proj.key(s, pos), k)
     v3 = jnp.where(anchor, proj.value(s, pos) * g, v)
     o = run(q, k3, v3, abca.zone_intervals(zones, causal=causal, max_zone=max_zone))
-    return jnp.where(anchor, s * g, o), dict(handshake_overflow=overflow)
+    return jnp.where(anchor, s * g, o), {"handshake_overflow": overflow}
 
 
 def slot_chunk(batch_heads: int, slot_width: int) -> int:
@@ -195,9 +195,9 @@ def _packed(
         scale,
         chunk=slot_chunk(b * q.shape[2], slot_width),
     )
-    info = dict(
-        handshake_overflow=overflow if handshake == "global" else jnp.zeros_like(overflow),
-        anchor_overflow=overflow,
-        slots_used=layout.used,
-    )
+    info = {
+        "handshake_overflow": overflow if handshake == "global" else jnp.zeros_like(overflow),
+        "anchor_overflow": overflow,
+        "slots_used": layout.used,
+    }
     return jnp.where(anchor, s * g, o), info

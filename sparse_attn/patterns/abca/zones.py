@@ -83,8 +83,8 @@ def zone_stats(zones: Zones) -> dict[str, jax.Array]:
     """Scalars: mean anchors per sequence (k), mean and max zone size."""
     k = zones.num_anchors.astype(jnp.float32)
     total = jnp.sum(zones.valid_len).astype(jnp.float32)
-    return dict(
-        anchors=jnp.mean(k),
-        mean_zone=total / jnp.maximum(jnp.sum(k), 1.0),
-        max_zone=jnp.max(zone_sizes(zones)),
-    )
+    return {
+        "anchors": jnp.mean(k),
+        "mean_zone": total / jnp.maximum(jnp.sum(k), 1.0),
+        "max_zone": jnp.max(zone_sizes(zones)),
+    }
