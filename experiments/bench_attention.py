@@ -58,6 +58,19 @@ def _with_pattern(pattern) -> Callable[[Spec], tuple]:
     return make
 
 
+def _abca(spec: Spec, every: int = 256):
+    """ABCA core (anchor gather, chain handshake, zone attention) with explicit anchors every `every` tokens."""
+    from sparse_attn.modules.abca import AnchorProjections, abca_core
+    from sparse_attn.patterns import abca
+
+    mask = jnp.broadcast_to(jnp.arange(spec.n)[None] % every == 0, (spec.batch, spec.n))
+    zones = abca.compute_zones(abca.enforce_zone_cap(mask, None, every)[0])
+    ws = [jax.random.normal(k, (spec.heads, spec.head_dim, spec.head_dim)) / 8 for k in jax.random.split(spec.key, 3)]
+    proj = AnchorProjections(*ws, rope_base=1e4)
+    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=every)[0]  # noqa: E731
+    return fn, qkv(spec), abca.layer_intervals(zones, causal=False, max_zone=every)
+
+
 METHODS: dict[str, Callable[[Spec], tuple]] = {
     "dense": _dense,
     "dense_pattern": _with_pattern(lambda s: patterns.dense(s.n)),
@@ -66,6 +79,7 @@ METHODS: dict[str, Callable[[Spec], tuple]] = {
     "causal_window": _with_pattern(lambda s: patterns.sliding_window(s.n, s.radius, causal=True)),
     "longformer": _with_pattern(lambda s: patterns.longformer(s.n, s.radius, 2)),
     "bigbird": _with_pattern(lambda s: patterns.bigbird(s.n, s.radius, 2, 2, 64, jax.random.PRNGKey(1))),
+    "abca": _abca,  # the full mechanism benchmark is experiments/bench_abca.py
 }
 
 
@@ -73,7 +87,7 @@ def run(args) -> list[benchlib.Row]:
     rows = []
     for n in args.n:
         for method in ["dense"] + [m for m in args.methods if m != "dense"]:
-            impls = ["xla"] if method == "dense" else args.impls
+            impls = ["xla"] if method in ("dense", "abca") else args.impls
             for impl in impls:
                 if impl == "reference" and n > 4096:
                     continue  # the oracle is O(n^2) memory by design
