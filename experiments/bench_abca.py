@@ -179,12 +179,9 @@ def main(argv=None):
     env = dict(benchlib.environment(), load_avg_at_start=os.getloadavg())
     print(f"# {command}\n# {env}")
     rows = run(args)
-    table = benchlib.format_table(rows)
-    print(table)
     base = os.path.join(args.out_dir, args.tag)
-    benchlib.write_json(rows, base + ".json", command, dict(vars(args), load_avg_at_end=os.getloadavg()))
-    with open(base + ".md", "w") as f:
-        f.write(f"Command: `{command}`\n\nEnvironment: {env}\n\n{table}\n")
+    config = dict(vars(args), load_avg_at_start=env["load_avg_at_start"], load_avg_at_end=os.getloadavg())
+    print(benchlib.write_report(rows, base, command, config))
     print(f"wrote {base}.json, {base}.md")
     return rows
 

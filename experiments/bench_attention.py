@@ -133,12 +133,8 @@ def main(argv=None):
     command = "python -m experiments.bench_attention " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# {command}\n# {benchlib.environment()}")
     rows = run(args)
-    table = benchlib.format_table(rows)
-    print(table)
     base = os.path.join(args.out_dir, args.tag)
-    benchlib.write_json(rows, base + ".json", command, vars(args))
-    with open(base + ".md", "w") as f:
-        f.write(f"Command: `{command}`\n\nEnvironment: {benchlib.environment()}\n\n{table}\n")
+    print(benchlib.write_report(rows, base, command, vars(args)))
     benchlib.plot_rows(rows, base + ".png", title=command)
     print(f"wrote {base}.json, {base}.md, {base}.png")
     return rows

@@ -159,9 +159,7 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, "bench_labels" + ("_smoke" if args.smoke else ""))
     config = dict(vars(args), acceptance=acceptance)
-    benchlib.write_json(rows, stem + ".json", command, config)
-    with open(stem + ".md", "w") as f:
-        f.write(f"`{command}`\n\n{table}\n\nacceptance: {acceptance}\n")
+    benchlib.write_report(rows, stem, command, config, notes=f"acceptance: {acceptance}")
     return rows, acceptance
 
 

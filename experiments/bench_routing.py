@@ -128,9 +128,7 @@ def main(argv=None):
     summary = "\n".join(lines)
     print(table + "\n" + summary)
     base = os.path.join(args.out_dir, args.tag)
-    benchlib.write_json(rows, base + ".json", command, vars(args))
-    with open(base + ".md", "w") as f:
-        f.write(f"Command: `{command}`\n\nEnvironment: {benchlib.environment()}\n\n{table}\n\n{summary}\n")
+    benchlib.write_report(rows, base, command, vars(args), notes=summary)
     print(f"wrote {base}.json, {base}.md")
     return rows
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
@@ -120,6 +121,18 @@ def write_json(rows: list[Row], path: str, command: str, config: dict | None = N
             f,
             indent=2,
         )
+
+
+def write_report(rows: list[Row], base: str, command: str, config: dict | None = None, notes: str = "") -> str:
+    """Writes `<base>.json` and `<base>.md` (command, environment, table, notes); returns the table."""
+    os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+    table = format_table(rows)
+    write_json(rows, base + ".json", command, config)
+    with open(base + ".md", "w") as f:
+        f.write(f"Command: `{command}`\n\nEnvironment: {environment()}\n\n{table}\n")
+        if notes:
+            f.write(f"\n{notes}\n")
+    return table
 
 
 def plot_rows(rows: list[Row], path: str, title: str = "") -> None:

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import time
 import traceback
 
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sparse_attn.kernels as kernels
+from experiments import benchlib
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.executors.xla import xla_attention
 from sparse_attn.patterns import baselines
@@ -172,13 +172,7 @@ def _grads(q, k, v, ct, pattern, config):
 
 
 def _time(fn, args, reps: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile + warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return benchlib.time_fn(fn, *args, repeats=reps)
 
 
 def _fwd_bwd(attn):
