@@ -88,10 +88,15 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
         ok = (r >= 0)[..., None]
         e = jnp.where(ok, jnp.exp(jnp.where(ok, s - _take(m, r), 0.0)), 0.0)
         total = total.at[bi, drop(r)].add(e, mode="drop")
-        acc = acc.at[bi, drop(r)].add(e[..., None] * v_BxNxHxD.astype(jnp.float32), mode="drop")
+        acc = acc.at[bi, drop(r)].add(_scale_rows(e, v_BxNxHxD.astype(jnp.float32)), mode="drop")
     alive = total > 0
-    out = acc / jnp.where(alive, total, 1.0)[..., None]
-    return jnp.where(alive[..., None], out, 0.0).astype(q_BxNxHxD.dtype)
+    return _scale_rows(jnp.where(alive, 1.0 / jnp.where(alive, total, 1.0), 0.0), acc).astype(q_BxNxHxD.dtype)
+
+
+def _scale_rows(w_BxNxH, x_BxNxHxD):
+    # An einsum, not `w[..., None] * x`: the transpose w.r.t. w is then a dot, which XLA:CPU runs ~15x faster than
+    # the broadcast's reduce over D (measured 0.2 ms vs 3.7 ms at [1, 4096, 4, 64]).
+    return jnp.einsum("bnh,bnhd->bnhd", w_BxNxH, x_BxNxHxD)
 
 
 def _position_chunks(fn, n: int, chunk: int):
