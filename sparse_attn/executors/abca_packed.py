@@ -6,9 +6,12 @@ zones, at most `width` queries, and reads the `width + 1` contiguous keys from i
 anchor included): the seed's O(k m^2), with several short zones sharing a slot.
 
 Static shapes, data-dependent work: the slot count is the worst case (two consecutive slots always cover more than
-`width` tokens, so at most 2 ceil(N / (width + 1)) slots), but slots are processed in chunks under `lax.map`, a chunk
-past the last used slot is skipped by `lax.cond`, and each chunk is rematerialised in the backward pass, so time
-follows the used slots and memory one chunk, not the worst case.
+`width` tokens, so at most 2 ceil(N / (width + 1)) slots), but slots run in a `lax.scan` whose steps past the last
+used slot are skipped by `lax.cond`, and each step writes (forward) or adds (backward) into a window of full-length
+accumulators, so time follows the used slots and memory is O(N + width^2), not the worst case.
+
+Layout: inside the loops q, k, v live head-major and padded, `[B, H, N + width + 1, D]`, so that a slot's window is
+a `dynamic_slice` (no gather, no clamping: unused slots start at N) and the per-slot dots need no transposes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.softmax import masked_softmax_parts
 
 
 @jax.tree_util.register_dataclass
@@ -63,42 +66,26 @@ def slot_layout(left_BxN: jax.Array, valid_len_B: jax.Array, width: int) -> Slot
     return SlotLayout(start, slot_of, jnp.sum(start < n, axis=1, dtype=jnp.int32), width)
 
 
-def chunk_map(fn, num_chunks: int, active_chunks: jax.Array):
-    """Stacks fn(c) for c < num_chunks; chunks >= active_chunks return zeros without running fn.
-
-    Each chunk is rematerialised in the backward pass, so the residuals are the chunk index only.
-    """
-    shapes = jax.eval_shape(fn, jnp.int32(0))
-
-    def skip(c):
-        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-    def body(c):
-        return jax.lax.cond(c < active_chunks, fn, skip, c)
-
-    return jax.lax.map(jax.checkpoint(body), jnp.arange(num_chunks, dtype=jnp.int32))
+def _heads_first(x_BxNxHxD, w: int):
+    """[B, N, H, D] -> [B, H, N + w + 1, D], zero rows appended."""
+    return jnp.pad(jnp.swapaxes(x_BxNxHxD, 1, 2), ((0, 0), (0, 0), (0, w + 1), (0, 0)))
 
 
-def unchunk(x):
-    """[num_chunks, B, chunk, ...] -> [B, num_chunks * chunk, ...]."""
-    x = jnp.moveaxis(x, 0, 1)
-    return x.reshape((x.shape[0], -1) + x.shape[3:])
+def _tokens_first(x_BxHxPxD, n: int):
+    return jnp.swapaxes(x_BxHxPxD[:, :, :n], 1, 2)
 
 
-def _gather(x_BxNxGxD, pos_BxCxK):
-    bi = jnp.arange(x_BxNxGxD.shape[0]).reshape(-1, 1, 1)
-    return x_BxNxGxD[bi, jnp.clip(pos_BxCxK, 0, x_BxNxGxD.shape[1] - 1)]
+def _window(x_BxHxPx, st_B, length: int):
+    """x[b, :, st_b : st_b + length] for every b."""
+    return jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, length, axis=1))(x_BxHxPx, st_B)
 
 
-def dense_rows(q_BxCxQxHxD, k_BxCxKxGxD, v_BxCxKxGxD, ok_BxCxQxK, scale: float):
-    """Small dense attentions, one per (batch, chunk row): (out [B, C, Q, H, D], lse [B, C, Q, H])."""
-    b, c, nq, h, d = q_BxCxQxHxD.shape
-    g = k_BxCxKxGxD.shape[3]
-    q = q_BxCxQxHxD.reshape(b, c, nq, g, h // g, d)
-    s = jnp.einsum("bcqgrd,bckgd->bcgrqk", q, k_BxCxKxGxD, preferred_element_type=jnp.float32) * scale
-    p, lse = masked_softmax(s, ok_BxCxQxK[:, :, None, None])
-    out = jnp.einsum("bcgrqk,bckgd->bcqgrd", p, v_BxCxKxGxD.astype(jnp.float32))
-    return out.reshape(b, c, nq, h, d), lse.transpose(0, 1, 4, 2, 3).reshape(b, c, nq, h)
+def _set_window(acc_BxHxPx, st_B, upd_BxHxLx):
+    return jax.vmap(lambda a, s, u: jax.lax.dynamic_update_slice_in_dim(a, u, s, axis=1))(acc_BxHxPx, st_B, upd_BxHxLx)
+
+
+def _add_window(acc_BxHxPx, st_B, upd_BxHxLx):
+    return _set_window(acc_BxHxPx, st_B, _window(acc_BxHxPx, st_B, upd_BxHxLx.shape[2]) + upd_BxHxLx)
 
 
 def packed_zone_attention(
@@ -111,136 +98,131 @@ def packed_zone_attention(
     (flash-style: probabilities recomputed from lse) that adds each slot's dq/dk/dv into a width-sized window of the
     accumulators, so a step costs O(width), not O(N) as autodiff of the forward loop would.
 
+    Args:
+      chunk: slots per scan step (unrolled; fewer steps, larger live tiles).
+
     Returns:
       (out [B, N, H, D] in q's dtype, lse float32 [B, N, H]).
     """
+    if k_BxNxGxD.shape != v_BxNxGxD.shape or q_BxNxHxD.shape[2] % k_BxNxGxD.shape[2]:
+        raise ValueError(f"k, v {k_BxNxGxD.shape}, {v_BxNxGxD.shape} do not fit q {q_BxNxHxD.shape} (GQA)")
     args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
     return _packed(*args, layout.width, float(scale), min(chunk, layout.start.shape[1]))
 
 
-def _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n):
-    """Positions and mask of slot c * chunk + j: (st [B], q_pos [B, W], k_pos [B, W+1], ok [B, W, W+1])."""
-    st = jax.lax.dynamic_index_in_dim(start, c * chunk + j, axis=1, keepdims=False)
-    q_pos = st[:, None] + jnp.arange(w, dtype=jnp.int32)[None]
-    k_pos = st[:, None] + jnp.arange(w + 1, dtype=jnp.int32)[None]
-    take = lambda x: _gather(x[..., None, None], q_pos[:, None])[:, 0, :, 0, 0]
-    row = (q_pos < n) & (take(slot_of) == c * chunk + j)
-    kp = k_pos[:, None, :]
-    ok = row[..., None] & (take(lo)[..., None] <= kp) & (kp <= take(hi)[..., None]) & (kp < n)
-    return st, q_pos, k_pos, ok
-
-
-def _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
-    """Slot loop writing each chunk's rows in place at its start: a slot's rows past its own zones belong to the next
-    slot, which is written later and overwrites them (so no [slots, W, H, D] stack and no gather back)."""
-    b, n, h, d = q.shape
+def _slot_loop(start, used, chunk: int, n: int, body, acc0):
+    """Runs acc = body(acc, slot) for every used slot in order, `chunk` slots per scan step."""
     num = start.shape[1]
     num_chunks = math.ceil(num / chunk)
-    start = jnp.pad(start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
     active = (jnp.max(used) + chunk - 1) // chunk
-
-    def slot_out(c, j):
-        st, q_pos, k_pos, ok = _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n)
-        take = lambda x, pos: _gather(x, pos[:, None])
-        out, lse = dense_rows(take(q, q_pos), take(k, k_pos), take(v, k_pos), ok[:, None], scale)
-        return st, out[:, 0].astype(q.dtype), lse[:, 0]
 
     def step(acc, c):
         def run(acc):
-            for j in range(chunk):  # in slot order, so that the owner of a row writes it last
-                st, out, lse = slot_out(c, j)
-                acc = (_set_window(acc[0], st, out), _set_window(acc[1], st, lse))
+            for j in range(chunk):
+                acc = body(acc, c * chunk + j)
             return acc
 
         return jax.lax.cond(c < active, run, lambda a: a, acc), None
 
-    acc0 = (jnp.zeros((b, n + w + 1, h, d), q.dtype), jnp.full((b, n + w + 1, h), -jnp.inf, jnp.float32))
-    (out, lse), _ = jax.lax.scan(step, acc0, jnp.arange(num_chunks, dtype=jnp.int32))
-    return out[:, :n], lse[:, :n]
+    acc, _ = jax.lax.scan(step, acc0, jnp.arange(num_chunks, dtype=jnp.int32))
+    return acc
+
+
+def _slot_mask(meta, slot, w: int, n: int):
+    """(st [B], ok [B, W, W+1]) of one slot; meta = (start [B, S'], slot_of, lo, hi as [B, 1, N + w + 1])."""
+    start, slot_of, lo, hi = meta
+    st = jax.lax.dynamic_index_in_dim(start, slot, axis=1, keepdims=False)
+    row = _window(slot_of, st, w)[:, 0] == slot  # [B, W]
+    kp = st[:, None, None] + jnp.arange(w + 1, dtype=jnp.int32)[None, None]  # [B, 1, W+1]
+    lo_, hi_ = _window(lo, st, w)[:, 0, :, None], _window(hi, st, w)[:, 0, :, None]
+    return st, row[..., None] & (lo_ <= kp) & (kp <= hi_) & (kp < n)
+
+
+def _metadata(start, slot_of, lo, hi, w: int, chunk: int, n: int):
+    """Pads the slot starts to whole chunks (with N: empty slots) and the per-token rows to the padded length."""
+    num = start.shape[1]
+    start = jnp.pad(start, ((0, 0), (0, -num % chunk)), constant_values=n)
+    row = lambda x, fill: jnp.pad(x[:, None], ((0, 0), (0, 0), (0, w + 1)), constant_values=fill)
+    return start, row(slot_of, -1), row(lo, 0), row(hi, -1)
+
+
+def _split_heads(x_BxHxWxD, groups: int):
+    b, h = x_BxHxWxD.shape[:2]
+    return x_BxHxWxD.reshape(b, groups, h // groups, *x_BxHxWxD.shape[2:])
+
+
+def _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
+    """Slot loop writing each slot's rows in place at its start: a slot's rows past its own zones belong to the next
+    slot, which is written later and overwrites them. Returns head-major padded (out, lse) and inputs."""
+    b, n, h, d = q.shape
+    g = k.shape[2]
+    meta = _metadata(start, slot_of, lo, hi, w, chunk, n)
+    qh, kh, vh = _heads_first(q, w), _heads_first(k, w), _heads_first(v, w)
+
+    def body(acc, slot):
+        st, ok = _slot_mask(meta, slot, w, n)
+        qs = _split_heads(_window(qh, st, w), g)  # [B, G, R, W, D]
+        ks, vs = _window(kh, st, w + 1), _window(vh, st, w + 1)  # [B, G, W+1, D]
+        sc = jnp.einsum("bgrqd,bgkd->bgrqk", qs, ks, preferred_element_type=jnp.float32) * scale
+        e, denom, lse = masked_softmax_parts(sc, ok[:, None, None])
+        o = jnp.einsum("bgrqk,bgkd->bgrqd", e, vs.astype(jnp.float32)) / denom
+        return _set_window(acc[0], st, o.reshape(b, h, w, d).astype(q.dtype)), _set_window(
+            acc[1], st, lse.reshape(b, h, w)
+        )
+
+    acc0 = (jnp.zeros((b, h, n + w + 1, d), q.dtype), jnp.full((b, h, n + w + 1), -jnp.inf, jnp.float32))
+    out_h, lse_h = _slot_loop(meta[0], used, chunk, n, body, acc0)
+    return (out_h, lse_h), (qh, kh, vh)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
 def _packed(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
-    return _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
+    (out_h, lse_h), _ = _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
+    return _tokens_first(out_h, q.shape[1]), jnp.swapaxes(lse_h[:, :, : q.shape[1]], 1, 2)
 
 
 def _packed_fwd(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
-    out, lse = _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
-    return (out, lse), (q, k, v, lo, hi, start, slot_of, used, out, lse)
-
-
-def _set_window(acc_BxMx, st_B, upd_BxLx):
-    set_one = lambda a, s, u: jax.lax.dynamic_update_slice_in_dim(a, u, s, axis=0)
-    return jax.vmap(set_one)(acc_BxMx, st_B, upd_BxLx)
-
-
-def _add_window(acc_BxMxGxD, st_B, upd_BxLxGxD):
-    def one(a, s, u):
-        cur = jax.lax.dynamic_slice_in_dim(a, s, u.shape[0], axis=0)
-        return jax.lax.dynamic_update_slice_in_dim(a, cur + u, s, axis=0)
-
-    return jax.vmap(one)(acc_BxMxGxD, st_B, upd_BxLxGxD)
+    (out_h, lse_h), (qh, kh, vh) = _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk)
+    n = q.shape[1]
+    out, lse = _tokens_first(out_h, n), jnp.swapaxes(lse_h[:, :, :n], 1, 2)
+    return (out, lse), (qh, kh, vh, lo, hi, start, slot_of, used, out_h, lse_h)
 
 
 def _packed_bwd(w, scale, chunk, res, cts):
-    q, k, v, lo, hi, start, slot_of, used, out, lse = res
+    qh, kh, vh, lo, hi, start, slot_of, used, out_h, lse_h = res
     dout, dlse = cts
-    b, n, h, d = q.shape
-    g = k.shape[2]
-    r = h // g
-    num = start.shape[1]
-    num_chunks = math.ceil(num / chunk)
-    start = jnp.pad(start, ((0, 0), (0, num_chunks * chunk - num)), constant_values=n)
-    active = (jnp.max(used) + chunk - 1) // chunk
-    dout = dout.astype(jnp.float32)
-    live = jnp.isfinite(lse)
+    b, h, p, d = qh.shape
+    g = kh.shape[1]
+    n = p - w - 1
+    meta = _metadata(start, slot_of, lo, hi, w, chunk, n)
+    do_h = _heads_first(dout.astype(jnp.float32), w)
+    live = jnp.isfinite(lse_h)
+    dlse_h = jnp.pad(jnp.swapaxes(dlse, 1, 2), ((0, 0), (0, 0), (0, w + 1)))
     # An einsum, not sum(dout * out, -1): XLA:CPU's reduce over D is ~15x slower than the equivalent dot.
-    delta = jnp.einsum("bnhd,bnhd->bnh", dout, out.astype(jnp.float32)) - jnp.where(live, dlse, 0.0)  # [B, N, H]
-    lse0 = jnp.where(live, lse, 0.0)
-    pad = ((0, 0), (0, w + 1), (0, 0), (0, 0))
-    acc0 = (
-        jnp.pad(jnp.zeros(q.shape, jnp.float32), pad),
-        jnp.pad(jnp.zeros(k.shape, jnp.float32), pad),
-        jnp.pad(jnp.zeros(v.shape, jnp.float32), pad),
-    )
+    delta = jnp.einsum("bhpd,bhpd->bhp", do_h, out_h.astype(jnp.float32)) - jnp.where(live, dlse_h, 0.0)
+    lse0 = jnp.where(live, lse_h, 0.0)
 
-    def slot_grads(acc, c, j):
-        st, q_pos, k_pos, ok = _slot_inputs(c, j, start, slot_of, lo, hi, w, chunk, n)
-        take = lambda x, pos: _gather(x, pos[:, None])[:, 0]
-        split = lambda x: x.reshape(b, w, g, r, *x.shape[3:])
-        qs, dos = split(take(q, q_pos)), split(take(dout, q_pos))  # [B, W, G, R, D]
-        ls, dl = split(take(lse0, q_pos)), split(take(delta, q_pos))  # [B, W, G, R]
-        ks, vs = take(k, k_pos), take(v, k_pos)  # [B, W+1, G, D]
+    def body(acc, slot):
+        st, ok = _slot_mask(meta, slot, w, n)
         okb = ok[:, None, None]  # [B, 1, 1, W, W+1]
-        s = jnp.einsum("bqgrd,bkgd->bgrqk", qs, ks, preferred_element_type=jnp.float32) * scale
-        lt = ls.transpose(0, 2, 3, 1)[..., None]
-        p = jnp.where(okb, jnp.exp(jnp.where(okb, s - lt, 0.0)), 0.0)
-        dp = jnp.einsum("bqgrd,bkgd->bgrqk", dos, vs.astype(jnp.float32))
-        ds = p * (dp - dl.transpose(0, 2, 3, 1)[..., None]) * scale
-        dq = jnp.einsum("bgrqk,bkgd->bqgrd", ds, ks.astype(jnp.float32)).reshape(b, w, h, d)
-        dk = jnp.einsum("bgrqk,bqgrd->bkgd", ds, qs.astype(jnp.float32))
-        dv = jnp.einsum("bgrqk,bqgrd->bkgd", p, dos)
-        return (_add_window(acc[0], st, dq), _add_window(acc[1], st, dk), _add_window(acc[2], st, dv))
+        qs = _split_heads(_window(qh, st, w), g)  # [B, G, R, W, D]
+        dos = _split_heads(_window(do_h, st, w), g)
+        ls = _split_heads(_window(lse0, st, w), g)[..., None]  # [B, G, R, W, 1]
+        dl = _split_heads(_window(delta, st, w), g)[..., None]
+        ks, vs = _window(kh, st, w + 1), _window(vh, st, w + 1)  # [B, G, W+1, D]
+        sc = jnp.einsum("bgrqd,bgkd->bgrqk", qs, ks, preferred_element_type=jnp.float32) * scale
+        pr = jnp.where(okb, jnp.exp(jnp.where(okb, sc - ls, 0.0)), 0.0)
+        dp = jnp.einsum("bgrqd,bgkd->bgrqk", dos, vs.astype(jnp.float32))
+        ds = pr * (dp - dl) * scale
+        dq = jnp.einsum("bgrqk,bgkd->bgrqd", ds, ks.astype(jnp.float32)).reshape(b, h, w, d)
+        dk = jnp.einsum("bgrqk,bgrqd->bgkd", ds, qs.astype(jnp.float32))
+        dv = jnp.einsum("bgrqk,bgrqd->bgkd", pr, dos)
+        return _add_window(acc[0], st, dq), _add_window(acc[1], st, dk), _add_window(acc[2], st, dv)
 
-    def step(acc, c):
-        def run(acc):
-            for j in range(chunk):  # slots of one step share keys at their edges: add them one after the other
-                acc = slot_grads(acc, c, j)
-            return acc
-
-        return jax.lax.cond(c < active, run, lambda a: a, acc), None
-
-    (dq, dk, dv), _ = jax.lax.scan(step, acc0, jnp.arange(num_chunks, dtype=jnp.int32))
-    return (
-        dq[:, :n].astype(q.dtype),
-        dk[:, :n].astype(k.dtype),
-        dv[:, :n].astype(v.dtype),
-        None,
-        None,
-        None,
-        None,
-        None,
-    )
+    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+    dq, dk, dv = _slot_loop(meta[0], used, chunk, n, body, (zeros(qh), zeros(kh), zeros(vh)))
+    cast = lambda x, like: _tokens_first(x, n).astype(like.dtype)
+    return cast(dq, qh), cast(dk, kh), cast(dv, vh), None, None, None, None, None
 
 
 _packed.defvjp(_packed_fwd, _packed_bwd)

@@ -83,12 +83,8 @@ def test_slot_bound_holds_on_adversarial_gaps():
         assert np.all(np.diff(np.append(used, N)) <= width)  # every slot holds at most `width` queries
 
 
-def test_chunk_map_skips_inactive_chunks():
-    calls = []
-
-    def fn(c):
-        calls.append(1)
-        return jnp.full((1, 2), c + 1.0)
-
-    out = abca_packed.chunk_map(fn, 4, jnp.int32(2))
-    np.testing.assert_array_equal(abca_packed.unchunk(out), [[1, 1, 2, 2, 0, 0, 0, 0]])
+def test_slot_loop_runs_used_slots_in_order_and_skips_the_rest():
+    start = jnp.array([[0, 3, 7, 9, 40, 40, 40]])  # 4 used slots, padded to whole chunks of 3 below
+    seen = abca_packed._slot_loop(start, jnp.array([4]), 3, 40, lambda acc, slot: acc * 10 + slot + 1, jnp.int32(0))
+    # Chunks of 3 slots: the two chunks holding slots 0..5 run (steps past the last used chunk are skipped).
+    assert int(seen) == 123456

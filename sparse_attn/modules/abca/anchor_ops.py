@@ -9,6 +9,7 @@ anchor's own position, like every other token's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -68,19 +69,25 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     """Stage 1 key-major: every key scores against the <= 3 anchors that read it; softmax per anchor by segment sums.
 
     Returns anchor states [B, N, H, D] (0 at non-anchors). Exact SPEC §1 ranges with O(N) pairs, whatever k is.
+    The backward pass is written out (flash-style, probabilities recomputed from the per-anchor lse), so autodiff
+    keeps no per-role [B, N, H, D] residuals.
     """
-    b, n, h, d = q_BxNxHxD.shape
+    return _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(gather_roles(zones, causal)), float(scale))
+
+
+def _role_scores(q, k, roles, scale):
+    return [jnp.einsum("bnhd,bnhd->bnh", _take(q, r), k, preferred_element_type=jnp.float32) * scale for r in roles]
+
+
+def _gather_forward(q, k, v, roles_RxBxN, scale):
+    roles = list(roles_RxBxN)
+    b, n, h, d = q.shape
     bi = jnp.arange(b)[:, None]
-    roles = gather_roles(zones, causal)
-    scores = []
-    for r in roles:
-        s = jnp.einsum("bnhd,bnhd->bnh", _take(q_BxNxHxD, r), k_BxNxHxD, preferred_element_type=jnp.float32)
-        scores.append(s * scale)
-    drop = lambda r: jnp.where(r >= 0, r, n)
-    # The max only stabilises exp; the softmax does not depend on it, so it carries no gradient.
+    drop = lambda r: jnp.where(r >= 0, r, n)  # scatter index n is dropped
+    scores = _role_scores(q, k, roles, scale)
     m = jnp.full((b, n, h), -jnp.inf, jnp.float32)
     for r, s in zip(roles, scores):
-        m = m.at[bi, drop(r)].max(jax.lax.stop_gradient(s), mode="drop")
+        m = m.at[bi, drop(r)].max(s, mode="drop")
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     total = jnp.zeros((b, n, h), jnp.float32)
     acc = jnp.zeros((b, n, h, d), jnp.float32)
@@ -88,9 +95,44 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
         ok = (r >= 0)[..., None]
         e = jnp.where(ok, jnp.exp(jnp.where(ok, s - _take(m, r), 0.0)), 0.0)
         total = total.at[bi, drop(r)].add(e, mode="drop")
-        acc = acc.at[bi, drop(r)].add(_scale_rows(e, v_BxNxHxD.astype(jnp.float32)), mode="drop")
+        acc = acc.at[bi, drop(r)].add(_scale_rows(e, v.astype(jnp.float32)), mode="drop")
     alive = total > 0
-    return _scale_rows(jnp.where(alive, 1.0 / jnp.where(alive, total, 1.0), 0.0), acc).astype(q_BxNxHxD.dtype)
+    out = _scale_rows(jnp.where(alive, 1.0 / jnp.where(alive, total, 1.0), 0.0), acc)
+    lse = jnp.where(alive, m + jnp.log(jnp.where(alive, total, 1.0)), jnp.inf)  # +inf: exp(s - lse) = 0
+    return out.astype(q.dtype), lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _anchor_gather(q, k, v, roles, scale):
+    return _gather_forward(q, k, v, roles, scale)[0]
+
+
+def _anchor_gather_fwd(q, k, v, roles, scale):
+    out, lse = _gather_forward(q, k, v, roles, scale)
+    return out, (q, k, v, roles, out, lse)
+
+
+def _anchor_gather_bwd(scale, res, dout):
+    q, k, v, roles, out, lse = res
+    b, n = q.shape[:2]
+    bi = jnp.arange(b)[:, None]
+    dout = dout.astype(jnp.float32)
+    delta = jnp.einsum("bnhd,bnhd->bnh", dout, out.astype(jnp.float32))
+    dq = jnp.zeros(q.shape, jnp.float32)
+    dk = jnp.zeros(k.shape, jnp.float32)
+    dv = jnp.zeros(v.shape, jnp.float32)
+    for r, s in zip(list(roles), _role_scores(q, k, list(roles), scale)):
+        ok = (r >= 0)[..., None]
+        p = jnp.where(ok, jnp.exp(jnp.minimum(s - _take(lse, r), 0.0)), 0.0)  # [B, N, H]: weight of key p for r(p)
+        do_r = _take(dout, r)
+        ds = p * (jnp.einsum("bnhd,bnhd->bnh", do_r, v.astype(jnp.float32)) - _take(delta, r)) * scale
+        dv = dv + _scale_rows(p, do_r)
+        dk = dk + _scale_rows(ds, _take(q, r).astype(jnp.float32))
+        dq = dq.at[bi, jnp.where(r >= 0, r, n)].add(_scale_rows(ds, k.astype(jnp.float32)), mode="drop")
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+_anchor_gather.defvjp(_anchor_gather_fwd, _anchor_gather_bwd)
 
 
 def _scale_rows(w_BxNxH, x_BxNxHxD):
