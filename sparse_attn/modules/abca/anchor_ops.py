@@ -1,4 +1,5 @@
-"""Anchor operations of the ABCA core's "xla" path, all in position space with O(N) work and no capacity.
+"""Anchor operations of the ABCA core's "xla" path: the key-major anchor gather (stage 1, position space, O(N)) and
+the paged handshake (stage 2, rank space, O(k)); neither has a capacity that could drop an anchor.
 
 Anchor states live in head space, `[B, N, H, D]` (zero away from anchors). The anchor projections `w_q, w_k, w_v`
 (`[H, D, D]`, per head) re-project them into handshake queries/keys/values and, after the handshake, into the keys
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.rope import apply_rope
+from sparse_attn.patterns.abca.handshake import anchor_positions
 from sparse_attn.patterns.abca.zones import Zones
 
 
@@ -141,94 +143,120 @@ def _scale_rows(w_BxNxH, x_BxNxHxD):
     return jnp.einsum("bnh,bnhd->bnhd", w_BxNxH, x_BxNxHxD)
 
 
-def _position_chunks(fn, n: int, chunk: int):
-    """Runs fn(lo) on position chunks [lo, lo + chunk) (the last one shifted back to fit); O(chunk) live memory."""
-    chunk = min(chunk, n)
-    num = -(-n // chunk)
-    starts = jnp.minimum(jnp.arange(num, dtype=jnp.int32) * chunk, n - chunk)
-    out = jax.lax.map(jax.checkpoint(fn), starts)  # [num, B, chunk, ...]
-    pos = jnp.arange(n, dtype=jnp.int32)
-    which = jnp.minimum(pos // chunk, num - 1)
-    return jax.tree.map(lambda x: x[which, :, pos - starts[which]].swapaxes(0, 1), out)
+# -- handshake on anchors in rank space (rank i = the i-th anchor), in pages ---------------------------------------
 
 
-def chain_step(s_BxNxHxD, zones: Zones, proj: AnchorProjections, scale: float, *, causal: bool, chunk: int = 512):
-    """One chain handshake in position space: anchor a attends (prev, a, next) [causal: (prev, a)]; residual.
-
-    Needs no capacity (any k); chunked over positions so that its memory stays O(chunk).
-    """
-    n = zones.num_tokens
-    pos_full = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], zones.is_anchor.shape)
-    nbr_full = [zones.prev_anchor, jnp.where(zones.is_anchor, pos_full, -1)]
-    if not causal:
-        nbr_full.append(zones.next_anchor)
-
-    def one(lo):
-        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)
-        pos, nbrs = sl(pos_full), [sl(i) for i in nbr_full]
-        s = sl(s_BxNxHxD)
-        q = proj.query(s, pos)
-        ks = jnp.stack([proj.key(_take(s_BxNxHxD, i), i) for i in nbrs], axis=2)  # [B, C, S, H, D]
-        vs = jnp.stack([proj.value(_take(s_BxNxHxD, i), i) for i in nbrs], axis=2)
-        ok = jnp.stack([i >= 0 for i in nbrs], axis=-1)
-        sc = jnp.einsum("bnhd,bnshd->bnhs", q, ks, preferred_element_type=jnp.float32) * scale
-        p, _ = masked_softmax(sc, ok[:, :, None, :])
-        return s + jnp.einsum("bnhs,bnshd->bnhd", p, vs.astype(jnp.float32)).astype(s.dtype)
-
-    return _position_chunks(one, n, chunk)
+def _shift(x_BxMx, by: int):
+    """Row i of the result is row i + by of x (zero / False where out of range)."""
+    m = x_BxMx.shape[1]
+    pad = [(0, 0)] * x_BxMx.ndim
+    pad[1] = (max(-by, 0), max(by, 0))
+    return jax.lax.slice_in_dim(jnp.pad(x_BxMx, pad), max(by, 0), max(by, 0) + m, axis=1)
 
 
-def anchor_keys_values(s_BxNxHxD, zones: Zones, proj: AnchorProjections, *, chunk: int = 512):
-    """Re-projected keys and values of every position's state (used at anchors), chunked over positions."""
-    n = zones.num_tokens
-    pos_full = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], zones.is_anchor.shape)
-
-    def one(lo):
-        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, lo, min(chunk, n), axis=1)
-        s, pos = sl(s_BxNxHxD), sl(pos_full)
-        return proj.key(s, pos), proj.value(s, pos)
-
-    return _position_chunks(one, n, chunk)
+def _chain_attend(s, q, k, v, live_BxM, scale: float, causal: bool):
+    """Each live rank attends ranks (i - 1, i, i + 1) [causal: (i - 1, i)] by shifted rows: O(M), no M x M."""
+    offsets = (-1, 0) if causal else (-1, 0, 1)
+    score = lambda o: jnp.einsum("bmhd,bmhd->bmh", q, _shift(k, o), preferred_element_type=jnp.float32)
+    sc = jnp.stack([score(o) for o in offsets], -1) * scale  # [B, M, H, S]
+    ok = jnp.stack([live_BxM & _shift(live_BxM, o) for o in offsets], -1)  # [B, M, S]
+    p, _ = masked_softmax(sc, ok[:, :, None, :])
+    upd = sum(jnp.einsum("bmh,bmhd->bmhd", p[..., j], _shift(v, o).astype(jnp.float32)) for j, o in enumerate(offsets))
+    return s + upd.astype(s.dtype)
 
 
-def global_step(s_BxNxHxD, zones: Zones, anc_BxM, proj: AnchorProjections, scale: float, *, causal: bool):
-    """Global handshake among the first M anchors (dense M x M); anchors past M take a chain step instead."""
-    b, n = zones.is_anchor.shape
-    m = anc_BxM.shape[1]
-    bi = jnp.arange(b)[:, None]
-    anc = jnp.minimum(anc_BxM, n - 1)
-    head = compact_handshake(
-        s_BxNxHxD[bi, anc], anc, zones.num_anchors, proj, scale, causal=causal, handshake="global", steps=1
-    )
-    chained = chain_step(s_BxNxHxD, zones, proj, scale, causal=causal)
-    rank = zones.zone_id
-    in_head = (zones.is_anchor & (rank < m))[..., None, None]
-    return jnp.where(in_head, head[bi, jnp.clip(rank, 0, m - 1)], chained)
-
-
-# -- compact anchors: all k anchors fit in the static capacity M -------------------------------------------------
-
-
-def _compact_attend(s_BxMxHxD, anc_BxM, ok_BxMxM, proj: AnchorProjections, scale: float):
-    q, k, v = proj.query(s_BxMxHxD, anc_BxM), proj.key(s_BxMxHxD, anc_BxM), proj.value(s_BxMxHxD, anc_BxM)
-    sc = jnp.einsum("bihd,bjhd->bhij", q, k, preferred_element_type=jnp.float32) * scale
-    p, _ = masked_softmax(sc, ok_BxMxM[:, None])
-    return s_BxMxHxD + jnp.einsum("bhij,bjhd->bihd", p, v.astype(jnp.float32)).astype(s_BxMxHxD.dtype)
-
-
-def compact_handshake(
-    s_BxMxHxD, anc_BxM, count_B, proj: AnchorProjections, scale: float, *, causal: bool, handshake: str, steps: int
-):
-    """`steps` handshakes on compact anchor states (every anchor present: rank i = i-th anchor)."""
-    m = s_BxMxHxD.shape[1]
-    i = jnp.arange(m, dtype=jnp.int32)
-    live = i[None] < count_B[:, None]
-    ok = live[:, :, None] & live[:, None, :]
-    diff = i[None, :] - i[:, None]  # [M(query), M(key)]: key - query
-    if handshake == "chain":
-        ok = ok & (jnp.abs(diff) <= 1)[None]
+def _global_attend(s, q, k, v, live_BxM, scale: float, causal: bool):
+    """Every live rank attends every live rank [causal: ranks <= its own]: dense M x M."""
+    m = s.shape[1]
+    ok = live_BxM[:, :, None] & live_BxM[:, None, :]
     if causal:
-        ok = ok & (diff <= 0)[None]
-    for _ in range(steps):
-        s_BxMxHxD = _compact_attend(s_BxMxHxD, anc_BxM, ok, proj, scale)
-    return s_BxMxHxD
+        ok = ok & jnp.tril(jnp.ones((m, m), bool))[None]
+    sc = jnp.einsum("bihd,bjhd->bhij", q, k, preferred_element_type=jnp.float32) * scale
+    p, _ = masked_softmax(sc, ok[:, None])
+    return s + jnp.einsum("bhij,bjhd->bihd", p, v.astype(jnp.float32)).astype(s.dtype)
+
+
+def _pages(fn, xs, num_pages: int, active):
+    """Stacks fn(page) over the leading page axis of xs; pages >= active return zeros without running fn.
+
+    Inputs come in as scan `xs` (not closed over), so the backward pass writes each page's cotangent into its own
+    slice instead of adding a full-length array per page; each page is rematerialised, so residuals are the xs.
+    """
+    shapes = jax.eval_shape(fn, jax.tree.map(lambda x: x[0], xs))
+    skip = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    body = lambda a: jax.lax.cond(a[0] < active, fn, skip, a[1])
+    return jax.lax.map(jax.checkpoint(body), (jnp.arange(num_pages), xs))
+
+
+def paged_handshake(
+    s_BxNxHxD,
+    zones: Zones,
+    proj: AnchorProjections,
+    scale: float,
+    *,
+    causal: bool,
+    handshake: str,
+    steps: int,
+    page: int,
+    max_anchors: int | None = None,
+    num_pages: int | None = None,
+):
+    """Stage 2 and the re-projection of the anchors' final states, for any number of anchors.
+
+    Anchors are compacted to rank space and cut into pages of `page` ranks (one page in the common case), each with
+    a one-rank halo for the chain; pages past the last anchor are skipped, so the work is O(k), not O(N).
+    chain: ranks (i - 1, i, i + 1) [causal: (i - 1, i)]. global: the first `max_anchors` ranks attend each other
+    densely and the ranks past them keep the chain, as `patterns.abca.global_handshake` defines.
+
+    Returns:
+      (s, k_a, v_a) in rank space, each [B, R, H, D] with R = num_pages * page (rank i: the i-th anchor).
+    """
+    b, n = s_BxNxHxD.shape[:2]
+    bi = jnp.arange(b)[:, None]
+    num_pages = -(-n // page) if num_pages is None else num_pages
+    r = num_pages * page
+    anc = jnp.minimum(anchor_positions(zones, r), n - 1)  # [B, R]
+    live = jnp.arange(r)[None] < zones.num_anchors[:, None]
+    active = -(-jnp.max(zones.num_anchors) // page)
+    halo = jnp.arange(num_pages)[:, None] * page + jnp.arange(page + 2)[None]  # padded rank of each window row
+
+    def windows(x_BxRx):  # [B, R, ...] -> [P, B, page + 2, ...], rank -1 and R read as zero / False
+        pad = [(0, 0), (1, 1)] + [(0, 0)] * (x_BxRx.ndim - 2)
+        return jnp.moveaxis(jnp.pad(x_BxRx, pad)[:, halo], 1, 0)
+
+    def rank_space(x_PxBxLx):
+        return jnp.moveaxis(x_PxBxLx, 0, 1).reshape((b, r) + x_PxBxLx.shape[3:])
+
+    def chain_page(x, last: bool):
+        sw, aw, lw = x
+        q, k, v = proj.query(sw, aw), proj.key(sw, aw), proj.value(sw, aw)
+        out = _chain_attend(sw, q, k, v, lw, scale, causal)[:, 1:-1]
+        if not last:
+            return out
+        a = aw[:, 1:-1]  # the final states' keys and values, re-projected on the same page
+        return out, proj.key(out, a), proj.value(out, a)
+
+    head = 0 if handshake == "chain" else min(r, max_anchors)
+    anc_w, live_w = windows(anc), windows(live)
+    pos_w = windows(jnp.where(live, anc, n))  # rows past the anchors read position N: a zero row
+    s_w = jnp.pad(s_BxNxHxD, ((0, 0), (0, 1), (0, 0), (0, 0)))[jnp.arange(b)[None, :, None], pos_w]  # step 1's
+    s_c = None
+    for step in range(steps):
+        last = step == steps - 1
+        fn = lambda x, last=last: chain_page(x, last)
+        out = _pages(fn, (s_w if s_c is None else windows(s_c), anc_w, live_w), num_pages, active)
+        new = rank_space(out[0] if last else out)
+        if head:
+            top = lambda x: x[:, :head]
+            hs, ha = top(s_c) if s_c is not None else top(s_BxNxHxD[bi, anc]), top(anc)
+            dense = _global_attend(
+                hs, proj.query(hs, ha), proj.key(hs, ha), proj.value(hs, ha), top(live), scale, causal
+            )
+            new = jnp.concatenate([dense, new[:, head:]], axis=1)
+        s_c = new
+    k_c, v_c = rank_space(out[1]), rank_space(out[2])
+    if head:  # the head's final states came from the dense step: re-project them
+        hs, ha = s_c[:, :head], anc[:, :head]
+        k_c = jnp.concatenate([proj.key(hs, ha), k_c[:, head:]], axis=1)
+        v_c = jnp.concatenate([proj.value(hs, ha), v_c[:, head:]], axis=1)
+    return s_c, k_c, v_c

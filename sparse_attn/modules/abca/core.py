@@ -144,40 +144,52 @@ def slot_chunk(batch_heads: int, slot_width: int) -> int:
     return max(1, (256 * 257 * 4) // (batch_heads * slot_width * (slot_width + 1)))
 
 
-def anchor_capacity(n: int, max_zone: int, max_anchors: int | None) -> int:
-    """Static compact-anchor capacity: `max_anchors`, else 4 ceil(n / max_zone) (4x the fewest anchors possible)."""
+def handshake_page(n: int, max_zone: int, max_anchors: int | None) -> int:
+    """Anchors per handshake page: `max_anchors`, else 4 ceil(n / max_zone) (4x the fewest anchors possible), so
+    that one page holds every anchor in the common case; more anchors take more pages (exact, O(k) work)."""
     return min(n, max_anchors if max_anchors is not None else 4 * math.ceil(n / max_zone))
 
 
 def _packed(
     q, k, v, zones, proj, gate, *, max_zone, causal, handshake, handshake_steps, max_anchors, scale, slot_width
 ):
-    """Stage 1 key-major (O(N), any k); handshake on compact anchors when k <= capacity, else in position space
-    (exact either way, chosen at run time by `lax.cond`); zones packed into slots."""
-    b, n = zones.is_anchor.shape
-    bi = jnp.arange(b)[:, None]
+    """Stage 1 key-major (O(N), any k); the handshake on anchors in rank space, in pages; zones packed in slots."""
+    b = zones.is_anchor.shape[0]
+    n = zones.num_tokens
     s = anchor_ops.anchor_gather(q, k, v, zones, scale, causal=causal)
-    m = anchor_capacity(n, max_zone, max_anchors)
-    anc = jnp.minimum(abca.anchor_positions(zones, m), n - 1)
-    rank = jnp.clip(zones.zone_id, 0, m - 1)
+    page = handshake_page(n, max_zone, max_anchors)
+    num_pages = -(-n // page)
 
-    def compact(s):
-        sc = anchor_ops.compact_handshake(
-            s[bi, anc], anc, zones.num_anchors, proj, scale, causal=causal, handshake=handshake, steps=handshake_steps
-        )
-        return sc[bi, rank], proj.key(sc, anc)[bi, rank], proj.value(sc, anc)[bi, rank]
+    def handshake_in(pages: int):
+        def run(s):
+            out = anchor_ops.paged_handshake(
+                s,
+                zones,
+                proj,
+                scale,
+                causal=causal,
+                handshake=handshake,
+                steps=handshake_steps,
+                page=page,
+                max_anchors=max_anchors,
+                num_pages=pages,
+            )
+            pad = ((0, 0), (0, (num_pages - pages) * page), (0, 0), (0, 0))  # both branches return every rank
+            return tuple(jnp.pad(x, pad) for x in out)
 
-    def positional(s):
-        for _ in range(handshake_steps):
-            if handshake == "global":
-                s = anchor_ops.global_step(s, zones, anc, proj, scale, causal=causal)
-            else:
-                s = anchor_ops.chain_step(s, zones, proj, scale, causal=causal)
-        return (s,) + anchor_ops.anchor_keys_values(s, zones, proj)
+        return run
 
-    fits = jnp.all(zones.num_anchors <= m)
-    s, k_a, v_a = jax.lax.cond(fits, compact, positional, s)
-    overflow = jnp.maximum(zones.num_anchors - m, 0)
+    # One page (every anchor fits) is the common case. The many-page branch is rematerialised, so that the cond
+    # does not zero-fill its residuals on the one-page branch.
+    if num_pages == 1:
+        ranked = handshake_in(1)(s)
+    else:
+        fits = jnp.all(zones.num_anchors <= page)
+        ranked = jax.lax.cond(fits, handshake_in(1), jax.checkpoint(handshake_in(num_pages)), s)
+    bi = jnp.arange(b)[:, None]
+    rank = jnp.clip(zones.zone_id, 0, num_pages * page - 1)
+    s, k_a, v_a = (x[bi, rank] for x in ranked)  # rank -> position (read at anchors only)
+    overflow = jnp.maximum(zones.num_anchors - max_anchors, 0) if handshake == "global" else None
     anchor = zones.is_anchor[..., None, None]
     g = gate[..., None, None].astype(q.dtype)
     k3 = jnp.where(anchor, k_a, k)
@@ -196,8 +208,7 @@ def _packed(
         chunk=slot_chunk(b * q.shape[2], slot_width),
     )
     info = {
-        "handshake_overflow": overflow if handshake == "global" else jnp.zeros_like(overflow),
-        "anchor_overflow": overflow,
+        "handshake_overflow": jnp.zeros_like(zones.num_anchors) if overflow is None else overflow,
         "slots_used": layout.used,
     }
     return jnp.where(anchor, s * g, o), info

@@ -46,7 +46,6 @@ def abca_stats(
     out.update(
         inserted_anchors=jnp.mean(inserted_B.astype(jnp.float32)),
         handshake_overflow=jnp.sum(info.get("handshake_overflow", jnp.zeros(()))).astype(jnp.float32),
-        anchor_overflow=jnp.sum(info.get("anchor_overflow", jnp.zeros(()))).astype(jnp.float32),
         attn_flops=per_pair * pairs,
         dense_flops=dense,
         flops_ratio=per_pair * pairs / jnp.maximum(dense, 1.0),
