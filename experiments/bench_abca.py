@@ -8,7 +8,8 @@ anchor mask (an input array, so nothing is constant-folded), the key-major ancho
 its anchor re-projections, the post-handshake anchor keys/values, and zone attention in packed slots. The layer's
 shared Q/K/V/O projections are excluded. Forward+backward differentiates w.r.t. q, k, v and the anchor projections.
 Dense is `jax.nn.dot_product_attention` on the same q, k, v. Rows: anchors every 256 (n=4096 with H=4, n=16384
-with H=1), random zone sizes uniform in [128, 384] (same mean 256), and the same core through the library's
+with H=1), random zone sizes uniform in [128, 384] (same mean 256), anchors every 32 with the zone cap at 256 (k is
+twice a handshake page, so the many-page handshake branch runs), and the same core through the library's
 block-gather executor ("xla_blocks", the worst-case-span alternative). Acceptance: fwd+bwd >= 8x faster than dense
 at 4096 and >= 30x at 16384, compiled memory (temp + args + outputs) >= 8x smaller at 4096.
 """
@@ -127,6 +128,8 @@ def run(args) -> list[benchlib.Row]:
         plan = [
             ("abca_every256", "xla", anchors_fixed(n, 256), 256),
             ("abca_random128-384", "xla", anchors_random(n, 128, 384), 384),
+            # twice the anchors one handshake page holds (4 ceil(n / max_zone)): the many-page handshake branch
+            ("abca_every32_cap256", "xla", anchors_fixed(n, 32), 256),
         ]
         if n <= args.blocks_max_n:
             plan.append(("abca_every256", "xla_blocks", anchors_fixed(n, 256), 256))

@@ -138,9 +138,9 @@ def _positional(
 
 
 def slot_chunk(batch_heads: int, slot_width: int) -> int:
-    """Slots per `lax.map` step: about one 256 x 257 x 4-head score tile, which stayed in cache and measured fastest
-    (n=4096, H=4: 1 slot per step 0.19 s fwd+bwd, 2: 0.21 s, 4: 0.29 s); fewer steps also mean fewer per-step
-    cotangent accumulations of the full-length q, k, v in the backward pass."""
+    """Slots per scan step: about one 256 x 257 x 4-head score tile. Re-measured on the head-major executor (core
+    fwd+bwd, median of 10): n=4096, H=4: 1 slot 75-77 ms, 2: 71, 4: 74; n=16384, H=1: 1: 87, 2: 70, 4: 78-117,
+    8: 108 -- differences within this machine's run-to-run noise except for 8, so the rule stays."""
     return max(1, (256 * 257 * 4) // (batch_heads * slot_width * (slot_width + 1)))
 
 
