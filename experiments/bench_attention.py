@@ -19,6 +19,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import sparse_attn
 from experiments import benchlib
@@ -58,17 +59,31 @@ def _with_pattern(pattern) -> Callable[[Spec], tuple]:
     return make
 
 
-def _abca(spec: Spec, every: int = 256):
-    """ABCA core (anchor gather, chain handshake, zone attention) with explicit anchors every `every` tokens."""
+def _abca_anchors(spec: Spec, random_zones: bool):
+    """Anchors every 256 tokens, or zone sizes uniform in [128, 384] (the same mean 256) per batch row."""
+    if not random_zones:
+        return jnp.broadcast_to(jnp.arange(spec.n)[None] % 256 == 0, (spec.batch, spec.n)), 256
+    rng = np.random.default_rng(0)
+    mask = np.zeros((spec.batch, spec.n), bool)
+    for row in mask:
+        pos = 0
+        while pos < spec.n:
+            row[pos] = True
+            pos += int(rng.integers(128, 385))
+    return jnp.asarray(mask), 384
+
+
+def _abca(spec: Spec, random_zones: bool = False):
+    """ABCA core (anchor gather, chain handshake, zone attention) on explicit anchors."""
     from sparse_attn.modules.abca import AnchorProjections, abca_core
     from sparse_attn.patterns import abca
 
-    mask = jnp.broadcast_to(jnp.arange(spec.n)[None] % every == 0, (spec.batch, spec.n))
-    zones = abca.compute_zones(abca.enforce_zone_cap(mask, None, every)[0])
+    mask, cap = _abca_anchors(spec, random_zones)
+    zones = abca.compute_zones(abca.enforce_zone_cap(mask, None, cap)[0])
     ws = [jax.random.normal(k, (spec.heads, spec.head_dim, spec.head_dim)) / 8 for k in jax.random.split(spec.key, 3)]
     proj = AnchorProjections(*ws, rope_base=1e4)
-    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=every)[0]  # noqa: E731
-    return fn, qkv(spec), abca.layer_intervals(zones, causal=False, max_zone=every)
+    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=cap)[0]
+    return fn, qkv(spec), abca.layer_intervals(zones, causal=False, max_zone=cap)
 
 
 METHODS: dict[str, Callable[[Spec], tuple]] = {
@@ -80,6 +95,7 @@ METHODS: dict[str, Callable[[Spec], tuple]] = {
     "longformer": _with_pattern(lambda s: patterns.longformer(s.n, s.radius, 2)),
     "bigbird": _with_pattern(lambda s: patterns.bigbird(s.n, s.radius, 2, 2, 64, jax.random.PRNGKey(1))),
     "abca": _abca,  # the full mechanism benchmark is experiments/bench_abca.py
+    "abca_random": lambda spec: _abca(spec, random_zones=True),
 }
 
 
@@ -87,11 +103,13 @@ def run(args) -> list[benchlib.Row]:
     rows = []
     for n in args.n:
         for method in ["dense"] + [m for m in args.methods if m != "dense"]:
-            impls = ["xla"] if method in ("dense", "abca") else args.impls
+            impls = ["xla"] if method in ("dense", "abca", "abca_random") else args.impls
             for impl in impls:
                 if impl == "reference" and n > 4096:
                     continue  # the oracle is O(n^2) memory by design
-                spec = Spec(n, args.batch, args.heads, args.head_dim, args.dtype, args.radius, impl, jax.random.PRNGKey(0))
+                spec = Spec(
+                    n, args.batch, args.heads, args.head_dim, args.dtype, args.radius, impl, jax.random.PRNGKey(0)
+                )
                 fn, fargs, pattern = METHODS[method](spec)
                 st = patterns.pattern_stats(pattern, args.head_dim, batch=args.batch, heads=args.heads)
                 row = benchlib.measure(
@@ -105,8 +123,11 @@ def run(args) -> list[benchlib.Row]:
                     extra=dict(density=float(st["density"]), mean_keys=float(st["mean_keys"])),
                 )
                 rows.append(row)
-                print(f"  n={n} {method:14s} {row.impl:8s} fwd {row.fwd_s * 1e3:8.2f} ms  "
-                      f"fwd+bwd {row.fwd_bwd_s * 1e3:8.2f} ms  mem {row.mem_bytes / 2**20:8.1f} MiB", flush=True)
+                print(
+                    f"  n={n} {method:14s} {row.impl:8s} fwd {row.fwd_s * 1e3:8.2f} ms  "
+                    f"fwd+bwd {row.fwd_bwd_s * 1e3:8.2f} ms  mem {row.mem_bytes / 2**20:8.1f} MiB",
+                    flush=True,
+                )
     return benchlib.add_ratios(rows)
 
 
@@ -115,8 +136,12 @@ def main(argv=None):
     p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--methods", nargs="+", default=["window", "longformer", "bigbird"], choices=sorted(METHODS))
     accel = jax.default_backend() in ("gpu", "tpu")
-    p.add_argument("--impls", nargs="+", default=["xla", "pallas"] if accel else ["xla"],
-                   help="executors to time; 'pallas' on CPU runs in interpret mode (keep n <= 1024)")
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=["xla", "pallas"] if accel else ["xla"],
+        help="executors to time; 'pallas' on CPU runs in interpret mode (keep n <= 1024)",
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
