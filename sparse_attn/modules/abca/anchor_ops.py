@@ -220,9 +220,9 @@ def paged_handshake(
     active = -(-jnp.max(zones.num_anchors) // page)
     halo = jnp.arange(num_pages)[:, None] * page + jnp.arange(page + 2)[None]  # padded rank of each window row
 
-    def windows(x_BxRx):  # [B, R, ...] -> [P, B, page + 2, ...], rank -1 and R read as zero / False
+    def windows(x_BxRx, fill=0):  # [B, R, ...] -> [P, B, page + 2, ...]; ranks -1 and R read `fill`
         pad = [(0, 0), (1, 1)] + [(0, 0)] * (x_BxRx.ndim - 2)
-        return jnp.moveaxis(jnp.pad(x_BxRx, pad)[:, halo], 1, 0)
+        return jnp.moveaxis(jnp.pad(x_BxRx, pad, constant_values=fill)[:, halo], 1, 0)
 
     def rank_space(x_PxBxLx):
         return jnp.moveaxis(x_PxBxLx, 0, 1).reshape((b, r) + x_PxBxLx.shape[3:])
@@ -238,8 +238,9 @@ def paged_handshake(
 
     head = 0 if handshake == "chain" else min(r, max_anchors)
     anc_w, live_w = windows(anc), windows(live)
-    pos_w = windows(jnp.where(live, anc, n))  # rows past the anchors read position N: a zero row
-    s_w = jnp.pad(s_BxNxHxD, ((0, 0), (0, 1), (0, 0), (0, 0)))[jnp.arange(b)[None, :, None], pos_w]  # step 1's
+    # Step 1 reads its windows straight from position space; rows that are not anchors read position N, a zero row.
+    pos_w = windows(jnp.where(live, anc, n), fill=n)
+    s_w = jnp.pad(s_BxNxHxD, ((0, 0), (0, 1), (0, 0), (0, 0)))[jnp.arange(b)[None, :, None], pos_w]
     s_c = None
     for step in range(steps):
         last = step == steps - 1
@@ -248,7 +249,7 @@ def paged_handshake(
         new = rank_space(out[0] if last else out)
         if head:
             top = lambda x: x[:, :head]
-            hs, ha = top(s_c) if s_c is not None else top(s_BxNxHxD[bi, anc]), top(anc)
+            hs, ha = top(s_c) if s_c is not None else s_BxNxHxD[bi, top(anc)], top(anc)
             dense = _global_attend(
                 hs, proj.query(hs, ha), proj.key(hs, ha), proj.value(hs, ha), top(live), scale, causal
             )
