@@ -62,7 +62,9 @@ def test_reference_matches_loop_definition(cfg):
             np.testing.assert_allclose(out[b, :, h], want, atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("cfg,impl", [(0, "xla"), (3, "xla"), (4, "xla"), (1, "xla_blocks")])
+@pytest.mark.parametrize(
+    "cfg,impl", [(0, "xla"), (3, "xla"), (4, "xla"), (1, "xla_blocks"), (2, "pallas"), (3, "pallas")]
+)
 def test_implementations_match_reference(cfg, impl):
     kw = CONFIGS[cfg]
     zones, args, w = _setup(cfg)

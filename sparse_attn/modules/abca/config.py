@@ -21,12 +21,13 @@ class AnchorAttentionConfig:
       max_zone: static zone cap; fallback anchors are inserted where anchors lie further apart.
       handshake: "chain" (prev/self/next anchor) or "global" (all anchors, first `max_anchors`).
       handshake_steps: handshake passes before zone attention (>= 1).
-      max_anchors: static capacity: the global handshake's, and the compact fast path's of the "xla" core
-        (default 4 ceil(n / max_zone)); more anchors run an exact position-space path, reported as overflow.
+      max_anchors: the global handshake's dense head (anchors past it keep the chain, reported as overflow), and
+        the handshake page of the "xla" core (default 4 ceil(n / max_zone)); more anchors take more pages (exact).
       boundary_ids: learned placement's BCE target: positions whose token is one of these.
       placement_loss_weight: weight of that loss in `aux_losses`.
       straight_through: learned placement also gets gradients through the anchor decisions (ST estimator).
-      implementation: "xla" (packed; default), "xla_blocks", or "reference" (dense oracle).
+      implementation: "xla" (packed; default), "xla_blocks" or "pallas" (the three stages as position-space
+        patterns through the block-gather XLA executor or the Pallas kernels), or "reference" (dense oracle).
       slot_width: queries per slot of the packed executor (default max_zone).
     """
 

@@ -6,9 +6,10 @@
   3. zone attention  interval tokens attend [left(t), right(t)] [causal: [left(t), t]], reading the two anchors'
                      post-handshake keys/values; anchors output their post-handshake state s
 
-Implementations: "reference" (position-space patterns through the dense oracle), "xla_blocks" (the same patterns
-through the library's block-gather XLA executor), "xla" (packed: compact anchors + zones in slots; the default).
-All three compute the same function.
+Implementations: "reference" (position-space patterns through the dense oracle), "xla_blocks" / "pallas" (the same
+patterns through the library's block-gather XLA executor / its Pallas kernels: Triton on GPU, Mosaic on TPU,
+interpret mode on CPU), "xla" (the default: key-major anchor gather, paged handshake, zones packed in slots). All
+compute the same function.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from sparse_attn.modules.abca.anchor_ops import AnchorProjections
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca.zones import Zones
 
-IMPLEMENTATIONS = ("reference", "xla_blocks", "xla")
+IMPLEMENTATIONS = ("reference", "xla_blocks", "pallas", "xla")
 
 
 def check_core_inputs(
