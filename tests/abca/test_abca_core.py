@@ -110,7 +110,7 @@ def test_core_rejects_bad_input():
     with pytest.raises(ValueError, match="max_anchors"):
         abca_core(q, k, v, zones, proj, max_zone=MZ, handshake="global")
     with pytest.raises(ValueError, match="implementation"):
-        abca_core(q, k, v, zones, proj, max_zone=MZ, implementation="pallas")
+        abca_core(q, k, v, zones, proj, max_zone=MZ, implementation="cuda")
 
 
 @pytest.mark.parametrize("cfg", [1, 3])
