@@ -12,6 +12,7 @@ from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.routing import RoutingAttentionConfig
 from sparse_attn.patterns.neighbours import NeighbourList
 from sparse_attn.patterns.temperley_lieb import diagram_np as dn
+from tests.temperley_lieb import tl_oracles
 
 D, H, N = 32, 2, 12
 
@@ -48,15 +49,7 @@ def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
             if s[j] > tau and (j == 0 or s[j] > s[j - 1]) and (j + 1 == len(pairs) or s[j] >= s[j + 1])
         ]
         cap_score.update({pr: sc for pr, sc in zip(pairs, s) if pr in chosen})
-        gens = []
-        for a, b in chosen:
-            x, end = int(p[a]) - n, int(p[b]) - n
-            gens.append(x)
-            y = x + 1
-            while y < end:
-                r = int(p[n + y]) - n
-                gens.append(r)
-                y = r + 1
+        gens = [i for a, b in chosen for i in tl_oracles.pair_closing_generators(p, a, b)]
         for i in sorted(gens):
             dn.rmul_gen(p, i)
     return p, cap_score

@@ -11,6 +11,7 @@ from sparse_attn.patterns.temperley_lieb import defect_pairs as dp
 from sparse_attn.patterns.temperley_lieb import diagram_np as dn
 from sparse_attn.patterns.temperley_lieb import key_rows as kr
 from sparse_attn.patterns.temperley_lieb import layered, rewriting, selection, stats
+import tl_oracles
 
 
 def _random_link_state(rng, n):
@@ -92,15 +93,8 @@ def _host_defect_pair_layer(p, sel_top):
     defects = [a for a in range(n) if p[a] >= n]
     gens = []
     for j, d in enumerate(defects[:-1]):
-        if not sel_top[d]:
-            continue
-        x, end = int(p[d]) - n, int(p[defects[j + 1]]) - n
-        gens.append(x)
-        y = x + 1
-        while y < end:
-            r = int(p[n + y]) - n
-            gens.append(r)
-            y = r + 1
+        if sel_top[d]:
+            gens += tl_oracles.pair_closing_generators(p, d, defects[j + 1])
     for i in sorted(gens):
         dn.rmul_gen(q, i)
     return q, sorted(gens)

@@ -91,3 +91,16 @@ def independent_layers(rng: np.random.Generator, n: int, depth: int) -> np.ndarr
             if sel[t, i] and sel[t, i - 1]:
                 sel[t, i] = False
     return sel
+
+
+def pair_closing_generators(p: np.ndarray, a: int, b: int) -> list[int]:
+    """Generators whose product, applied on the bottom of diagram p (partner array over 2n points), caps its
+    consecutive defects a < b: the bottom end of a's strand, then every arc top hopped over up to b's bottom end."""
+    n = p.shape[0] // 2
+    x, end = int(p[a]) - n, int(p[b]) - n
+    gens, y = [x], x + 1
+    while y < end:
+        r = int(p[n + y]) - n
+        gens.append(r)
+        y = r + 1
+    return gens
