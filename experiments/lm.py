@@ -12,7 +12,7 @@ Outputs in the workdir: `metrics.jsonl`, `loss_curves.png`, `summary.json`, `che
 the command resumes from the last checkpoint; a finished run only re-evaluates.
 
 Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
-`ATTENTION_NAMES`: dense, local, longformer, bigbird, labels).
+`ATTENTION_NAMES`: dense, local, longformer, bigbird, labels, abca).
 Multi-host: see `sparse_attn/train/distributed.py` and docs/training.md.
 """
 
@@ -54,8 +54,17 @@ def _labels(window: int, seq_len: int):
     return LabelAttentionConfig(radius=window, block=min(128, seq_len), soft_block=min(64, seq_len))
 
 
+def _abca(window: int, impl: str | None):
+    from sparse_attn.modules.abca import AnchorAttentionConfig  # noqa: PLC0415 — research mechanism
+
+    # Anchors at newline bytes (the corpus is source code: zones are lines), at most `window` bytes apart.
+    return AnchorAttentionConfig(
+        placement="explicit", anchor_id=ord("\n"), vocab_size=256, max_zone=window, implementation=impl or "xla"
+    )
+
+
 # Causal mechanisms only: non-crossing routing attention is bidirectional (encoders).
-ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels")
+ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels", "abca")
 
 
 def attention_by_name(name: str, seq_len: int):
@@ -70,6 +79,7 @@ def attention_by_name(name: str, seq_len: int):
         "bigbird": lambda: BigBirdAttention(radius=window, num_global=1, num_random=1, block=min(32, seq_len),
                                             implementation=impl),
         "labels": lambda: _labels(window, seq_len),
+        "abca": lambda: _abca(window, impl),
     }
     assert tuple(table) == ATTENTION_NAMES
     if name not in table:
