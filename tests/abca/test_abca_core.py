@@ -109,6 +109,8 @@ def test_core_rejects_bad_input():
         abca_core(q, k, v, zones, proj, max_zone=MZ, handshake_steps=0)
     with pytest.raises(ValueError, match="max_anchors"):
         abca_core(q, k, v, zones, proj, max_zone=MZ, handshake="global")
+    with pytest.raises(ValueError, match="max_anchors"):
+        abca_core(q, k, v, zones, proj, max_zone=MZ, max_anchors=0)  # chain: the handshake page size
     with pytest.raises(ValueError, match="implementation"):
         abca_core(q, k, v, zones, proj, max_zone=MZ, implementation="cuda")
 

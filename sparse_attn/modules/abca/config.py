@@ -60,8 +60,10 @@ class AnchorAttentionConfig:
             raise ValueError(f"handshake must be 'chain' or 'global', got {self.handshake!r}")
         if self.handshake_steps < 1:
             raise ValueError(f"handshake_steps must be >= 1, got {self.handshake_steps}")
-        if self.handshake == "global" and (self.max_anchors is None or self.max_anchors < 1):
+        if self.handshake == "global" and self.max_anchors is None:
             raise ValueError("handshake='global' needs max_anchors >= 1")
+        if self.max_anchors is not None and self.max_anchors < 1:
+            raise ValueError(f"max_anchors must be >= 1, got {self.max_anchors}")
         if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {self.implementation!r}")
         if self.slot_width is not None and self.slot_width < self.max_zone:

@@ -52,8 +52,10 @@ def check_core_inputs(
         raise ValueError(f"handshake must be 'chain' or 'global', got {handshake!r}")
     if handshake_steps < 1:
         raise ValueError(f"handshake_steps must be >= 1, got {handshake_steps}")
-    if handshake == "global" and (max_anchors is None or max_anchors < 1):
+    if handshake == "global" and max_anchors is None:
         raise ValueError("handshake='global' needs a static max_anchors >= 1")
+    if max_anchors is not None and max_anchors < 1:
+        raise ValueError(f"max_anchors must be >= 1, got {max_anchors}")
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown ABCA implementation {implementation!r}; have {IMPLEMENTATIONS}")
     if slot_width is not None and slot_width < max_zone:
