@@ -8,7 +8,9 @@ Timed, forward and forward+backward, B=1, H=16 heads (no GQA, so every method do
 d = 64 and 128: dense cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`, plain and causal), JAX's own
 Pallas flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, plain and causal) and ours on dense,
 causal, causal window (radius 256), ABCA (anchors every 256) and label (window 1024 + 3-of-32 label bitmasks)
-patterns. TFLOP/s counts useful work only: 4*D flops per allowed (query, key) pair forward, 2.5x that backward.
+patterns, and the whole causal ABCA core (gather, handshake, zones) through its "xla" (packed) and "pallas"
+implementations. TFLOP/s counts useful work only: 4*D flops per allowed (query, key) pair forward, 2.5x that
+backward (for the ABCA core: the stage 1+3 pairs of `abca256`; the handshake's few pairs are not counted).
 Acceptance (issue 3): at 16k, ours reaches >= 0.5 of cuDNN dense's rate per computed pair.
 """
 
@@ -87,6 +89,19 @@ def labels(n: int, radius: int = 1024, per_token: int = 3, seed: int = 0) -> Int
         bits |= np.left_shift(np.uint32(1), choice[:, c].astype(np.uint32))
     win = baselines.sliding_window(n, radius, causal=True)
     return dataclasses.replace(win, label_bits=jnp.asarray(bits).reshape(1, 1, n, 1))
+
+
+def abca_core(n: int, d: int, heads: int, implementation: str, interval: int = 256):
+    """The whole causal ABCA core (gather, 1 chain handshake with its re-projections, zones) as (q, k, v) -> out."""
+    from sparse_attn.modules.abca import AnchorProjections
+    from sparse_attn.modules.abca import abca_core as core
+    from sparse_attn.patterns import abca as abca_lib
+
+    zones = abca_lib.compute_zones(abca_lib.fixed_interval_anchors(1, n, interval))
+    eye = jnp.broadcast_to(jnp.eye(d, dtype=jnp.bfloat16), (heads, d, d))
+    proj = AnchorProjections(eye, eye, eye)
+    kw = {"max_zone": interval, "causal": True, "implementation": implementation}
+    return lambda q, k, v: core(q, k, v, zones, proj, **kw)[0]
 
 
 def patterns(n: int) -> dict[str, Intervals]:
@@ -206,6 +221,9 @@ def methods(p: Plan, n: int, d: int):
             lambda q, k, v, pat=pat: kernels.pallas_attention(q, k, v, pat, scale, config=p.config)[0],
             name,
         )
+    # Which ABCA core implementation to make the GPU default: the packed XLA path or the patterns through our kernels.
+    for impl in ("xla", "pallas"):
+        out[f"abca_core_{impl}"] = (abca_core(n, d, p.heads, impl), "abca256")
     return out
 
 
