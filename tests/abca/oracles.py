@@ -75,6 +75,29 @@ def _rope(x_D, pos, base):
     return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang), x2 * np.cos(ang) + x1 * np.sin(ang)])
 
 
+def anchor_states(
+    q, k, v, is_anchor, valid_len, wq, wk, wv, *, causal, steps, kind="chain", max_anchors=None, rope_base=None, scale
+):
+    """Stages 1 and 2 for one sequence and one head: {anchor: state [D]}."""
+    anchors = anchor_list(is_anchor, valid_len)
+    m1 = layer_mask(is_anchor, valid_len, causal)
+    s = {a: _attend(q[a], k[m1[a]], v[m1[a]], scale) for a in anchors}
+    hs = handshake_mask(is_anchor, valid_len, causal, kind, max_anchors)
+    for _ in range(steps):
+        proj = {a: (_rope(s[a] @ wq, a, rope_base), _rope(s[a] @ wk, a, rope_base), s[a] @ wv) for a in anchors}
+        s = {
+            a: s[a]
+            + _attend(
+                proj[a][0],
+                np.stack([proj[b][1] for b in np.flatnonzero(hs[a])]),
+                np.stack([proj[b][2] for b in np.flatnonzero(hs[a])]),
+                scale,
+            )
+            for a in anchors
+        }
+    return s
+
+
 def abca_forward(
     q,
     k,
@@ -93,28 +116,36 @@ def abca_forward(
     scale=None,
 ):
     """The three stages for one sequence and one head: q, k, v [N, D]; w* [D, D]. Returns [N, D]."""
-    n, d = q.shape
+    out = abca_forward_gqa(
+        q[:, None], k[:, None], v[:, None], is_anchor, valid_len, wq[None], wk[None], wv[None],
+        causal=causal, steps=steps, kind=kind, max_anchors=max_anchors, rope_base=rope_base, scale=scale,
+    )  # fmt: skip
+    return out[:, 0]
+
+
+def abca_forward_gqa(q, k, v, is_anchor, valid_len, wq, wk, wv, *, rope_base=None, scale=None, **kw):
+    """The three stages for one sequence: q [N, H, D], k, v [N, G, D] (query head h reads KV group h // (H / G));
+    w* [H, D, D]. An anchor's zone key/value for group g is the sum of its g heads' re-projected states."""
+    n, h, d = q.shape
+    g = k.shape[1]
+    group = lambda head: head // (h // g)
     scale = 1 / np.sqrt(d) if scale is None else scale
     anchors = anchor_list(is_anchor, valid_len)
-    m1 = layer_mask(is_anchor, valid_len, causal)
-    s = {a: _attend(q[a], k[m1[a]], v[m1[a]], scale) for a in anchors}
-    hs = handshake_mask(is_anchor, valid_len, causal, kind, max_anchors)
-    for _ in range(steps):
-        proj = {a: (_rope(s[a] @ wq, a, rope_base), _rope(s[a] @ wk, a, rope_base), s[a] @ wv) for a in anchors}
-        s = {
-            a: s[a]
-            + _attend(
-                proj[a][0],
-                np.stack([proj[b][1] for b in np.flatnonzero(hs[a])]),
-                np.stack([proj[b][2] for b in np.flatnonzero(hs[a])]),
-                scale,
-            )
-            for a in anchors
-        }
+    states = [
+        anchor_states(q[:, i], k[:, group(i)], v[:, group(i)], is_anchor, valid_len, wq[i], wk[i], wv[i],
+                      rope_base=rope_base, scale=scale, **kw)
+        for i in range(h)
+    ]  # fmt: skip
     k3, v3 = k.copy(), v.copy()
     for a in anchors:
-        k3[a], v3[a] = _rope(s[a] @ wk, a, rope_base), s[a] @ wv
-    out = np.zeros((n, d))
+        for j in range(g):
+            heads = [i for i in range(h) if group(i) == j]
+            k3[a, j] = sum(_rope(states[i][a] @ wk[i], a, rope_base) for i in heads)
+            v3[a, j] = sum(states[i][a] @ wv[i] for i in heads)
+    m1 = layer_mask(is_anchor, valid_len, kw["causal"])
+    out = np.zeros((n, h, d))
     for t in range(valid_len):
-        out[t] = s[t] if t in anchors else _attend(q[t], k3[m1[t]], v3[m1[t]], scale)
+        for i in range(h):
+            j = group(i)
+            out[t, i] = states[i][t] if t in anchors else _attend(q[t, i], k3[m1[t], j], v3[m1[t], j], scale)
     return out

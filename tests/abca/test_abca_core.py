@@ -99,8 +99,11 @@ def test_xla_handshake_over_many_pages_matches_reference(causal):
 def test_core_rejects_bad_input():
     zones, (q, k, v), w = _setup()
     proj = AnchorProjections(*w)
-    with pytest.raises(ValueError, match="one shape"):
-        abca_core(q, k[:, :, :1], v[:, :, :1], zones, proj, max_zone=MZ)
+    with pytest.raises(ValueError, match=r"k, v \[B, N, G, D\]"):
+        abca_core(q, k[..., :4], v[..., :4], zones, proj, max_zone=MZ)
+    three = lambda x: jnp.concatenate([x, x[:, :, :1]], axis=2)  # 3 KV heads for H = 2 query heads
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        abca_core(q, three(k), three(v), zones, proj, max_zone=MZ)
     with pytest.raises(ValueError, match="do not match"):
         abca_core(q[:, :16], k[:, :16], v[:, :16], zones, proj, max_zone=MZ)
     with pytest.raises(ValueError, match="max_zone"):
@@ -168,5 +171,50 @@ def test_xla_matches_reference_on_random_configurations(seed):
     loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args)
     g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args)
+    for a, b in zip(g_fast, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def _setup_gqa(seed, heads=4, groups=2):
+    zones, _, _ = _setup(seed)
+    ks = jax.random.split(jax.random.PRNGKey(seed + 100), 6)
+    q = jax.random.normal(ks[0], (B, N, heads, D))
+    k, v = (jax.random.normal(kk, (B, N, groups, D)) for kk in ks[1:3])
+    w = [0.4 * jax.random.normal(kk, (heads, D, D)) for kk in ks[3:]]
+    return zones, (q, k, v), w
+
+
+@pytest.mark.parametrize("cfg", [1, 3])
+def test_gqa_reference_matches_loop_definition(cfg):
+    """Grouped-query attention (4 query heads, 2 KV heads): an anchor's zone key/value per group re-projects the
+    states of the group's heads (the numpy definition spells it out)."""
+    kw = CONFIGS[cfg]
+    zones, (q, k, v), w = _setup_gqa(cfg)
+    out = jax.jit(_core(zones, w, implementation="reference", **kw))(q, k, v, *w)
+    for b in range(B):
+        want = oracles.abca_forward_gqa(
+            *(np.asarray(x[b], np.float64) for x in (q, k, v)),
+            np.asarray(zones.is_anchor[b]),
+            VL[b],
+            *(np.asarray(x, np.float64) for x in w),
+            causal=kw["causal"],
+            steps=kw["handshake_steps"],
+            kind=kw["handshake"],
+            max_anchors=kw.get("max_anchors"),
+            rope_base=100.0,
+        )
+        np.testing.assert_allclose(out[b], want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("cfg,impl", [(2, "xla"), (3, "xla"), (0, "pallas")])
+def test_gqa_implementations_match_reference(cfg, impl):
+    kw = CONFIGS[cfg]
+    zones, args, w = _setup_gqa(cfg)
+    ct = jax.random.normal(jax.random.PRNGKey(8), args[0].shape)
+    ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
+    np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
+    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
+    g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args, *w)
+    g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
     for a, b in zip(g_fast, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)

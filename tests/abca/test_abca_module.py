@@ -85,15 +85,23 @@ def test_learned_placement_gets_gradients():
     assert set(out.aux_losses) == {"abca/placement"} and float(out.aux_losses["abca/placement"]) > 0
 
 
-@pytest.mark.parametrize("causal", [True])  # bidirectional: test_abca_core compares the implementations
-def test_module_implementations_agree(causal):
+# bidirectional: test_abca_core compares the implementations; num_kv_heads=1: grouped-query attention (MQA)
+@pytest.mark.parametrize("causal,kv_heads", [(True, None), (True, 1)])
+def test_module_implementations_agree(causal, kv_heads):
     x, tokens = _inputs(3)
     outs = {}
     for impl in ("reference", "xla"):
         cfg = AnchorAttentionConfig(
-            placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=6, handshake_steps=2, implementation=impl
+            placement="explicit",
+            anchor_id=ANCHOR,
+            vocab_size=VOCAB,
+            max_zone=6,
+            handshake_steps=2,
+            implementation=impl,
+            num_kv_heads=kv_heads,
         )
         module, ctx = _run(cfg, x, tokens, causal=causal)
+        assert module.proj.num_kv_heads == (kv_heads or module.proj.num_heads)
         run = nnx.jit(lambda m, x, c: (m(x, c), jax.grad(lambda x: jnp.sum(m(x, c).y ** 2))(x)))
         outs[impl] = run(module, x, ctx)
     (o1, g1), (o2, g2) = outs["xla"], outs["reference"]

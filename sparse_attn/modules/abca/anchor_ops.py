@@ -24,25 +24,35 @@ from sparse_attn.patterns.abca.zones import Zones
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AnchorProjections:
-    """w_q, w_k, w_v: [H, D, D]; rope_base static (None: no RoPE)."""
+    """w_q, w_k, w_v: [H, D, D]; rope_base static (None: no RoPE).
+
+    `key`/`value` with `groups=G < H` (grouped-query attention) give one key/value per KV group: the sum of the
+    group's per-head projections, i.e. a projection of the group's R = H / G concatenated head states.
+    """
 
     w_q: jax.Array
     w_k: jax.Array
     w_v: jax.Array
     rope_base: float | None = dataclasses.field(default=None, metadata={"static": True})
 
-    def _proj(self, s, w, pos_BxM, rope: bool):
-        out = jnp.einsum("bmhd,hde->bmhe", s, w.astype(s.dtype))
+    def _proj(self, s, w, pos_BxM, rope: bool, groups: int | None = None):
+        b, m, h, _ = s.shape
+        g = h if groups is None else groups
+        ws = w.astype(s.dtype)
+        if g == h:
+            out = jnp.einsum("bmhd,hde->bmhe", s, ws)
+        else:
+            out = jnp.einsum("bmgrd,grde->bmge", s.reshape(b, m, g, h // g, -1), ws.reshape(g, h // g, *ws.shape[1:]))
         return apply_rope(out, pos_BxM, self.rope_base) if rope and self.rope_base is not None else out
 
     def query(self, s_BxMxHxD, pos_BxM):
         return self._proj(s_BxMxHxD, self.w_q, pos_BxM, True)
 
-    def key(self, s_BxMxHxD, pos_BxM):
-        return self._proj(s_BxMxHxD, self.w_k, pos_BxM, True)
+    def key(self, s_BxMxHxD, pos_BxM, groups: int | None = None):
+        return self._proj(s_BxMxHxD, self.w_k, pos_BxM, True, groups)
 
-    def value(self, s_BxMxHxD, pos_BxM):
-        return self._proj(s_BxMxHxD, self.w_v, pos_BxM, False)
+    def value(self, s_BxMxHxD, pos_BxM, groups: int | None = None):
+        return self._proj(s_BxMxHxD, self.w_v, pos_BxM, False, groups)
 
 
 def _take(x_BxNx, idx_BxN):
@@ -77,8 +87,31 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     return _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(gather_roles(zones, causal)), float(scale))
 
 
+def _grouped(x_BxNxHx, groups: int):
+    """[B, N, H, ...] -> [B, N, G, R, ...] (query head h = g * R + r)."""
+    b, n, h = x_BxNxHx.shape[:3]
+    return x_BxNxHx.reshape(b, n, groups, h // groups, *x_BxNxHx.shape[3:])
+
+
+def _heads(x_BxNxGxRx):
+    return x_BxNxGxRx.reshape(*x_BxNxGxRx.shape[:2], -1, *x_BxNxGxRx.shape[4:])
+
+
 def _role_scores(q, k, roles, scale):
-    return [jnp.einsum("bnhd,bnhd->bnh", _take(q, r), k, preferred_element_type=jnp.float32) * scale for r in roles]
+    """[B, N, H] per role: q of the reading anchor against the key of its KV group."""
+    g = k.shape[2]
+    score = lambda r: jnp.einsum("bngrd,bngd->bngr", _grouped(_take(q, r), g), k, preferred_element_type=jnp.float32)
+    return [_heads(score(r)) * scale for r in roles]
+
+
+def _spread(w_BxNxH, x_BxNxGxD):
+    """w[b, n, h] * x[b, n, group(h)] as [B, N, H, D] (an einsum: see `_scale_rows`)."""
+    return _heads(jnp.einsum("bngr,bngd->bngrd", _grouped(w_BxNxH, x_BxNxGxD.shape[2]), x_BxNxGxD))
+
+
+def _collect(w_BxNxH, x_BxNxHxD, groups: int):
+    """sum over the heads of each group of w * x: [B, N, G, D]."""
+    return jnp.einsum("bngr,bngrd->bngd", _grouped(w_BxNxH, groups), _grouped(x_BxNxHxD, groups))
 
 
 def _gather_forward(q, k, v, roles_RxBxN, scale):
@@ -97,7 +130,7 @@ def _gather_forward(q, k, v, roles_RxBxN, scale):
         ok = (r >= 0)[..., None]
         e = jnp.where(ok, jnp.exp(jnp.where(ok, s - _take(m, r), 0.0)), 0.0)
         total = total.at[bi, drop(r)].add(e, mode="drop")
-        acc = acc.at[bi, drop(r)].add(_scale_rows(e, v.astype(jnp.float32)), mode="drop")
+        acc = acc.at[bi, drop(r)].add(_spread(e, v.astype(jnp.float32)), mode="drop")
     alive = total > 0
     out = _scale_rows(jnp.where(alive, 1.0 / jnp.where(alive, total, 1.0), 0.0), acc)
     lse = jnp.where(alive, m + jnp.log(jnp.where(alive, total, 1.0)), jnp.inf)  # +inf: exp(s - lse) = 0
@@ -123,14 +156,16 @@ def _anchor_gather_bwd(scale, res, dout):
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
+    g = k.shape[2]
     for r, s in zip(list(roles), _role_scores(q, k, list(roles), scale)):
         ok = (r >= 0)[..., None]
         p = jnp.where(ok, jnp.exp(jnp.minimum(s - _take(lse, r), 0.0)), 0.0)  # [B, N, H]: weight of key p for r(p)
         do_r = _take(dout, r)
-        ds = p * (jnp.einsum("bnhd,bnhd->bnh", do_r, v.astype(jnp.float32)) - _take(delta, r)) * scale
-        dv = dv + _scale_rows(p, do_r)
-        dk = dk + _scale_rows(ds, _take(q, r).astype(jnp.float32))
-        dq = dq.at[bi, jnp.where(r >= 0, r, n)].add(_scale_rows(ds, k.astype(jnp.float32)), mode="drop")
+        dp = _heads(jnp.einsum("bngrd,bngd->bngr", _grouped(do_r, g), v.astype(jnp.float32)))
+        ds = p * (dp - _take(delta, r)) * scale
+        dv = dv + _collect(p, do_r, g)
+        dk = dk + _collect(ds, _take(q, r).astype(jnp.float32), g)
+        dq = dq.at[bi, jnp.where(r >= 0, r, n)].add(_spread(ds, k.astype(jnp.float32)), mode="drop")
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
@@ -200,6 +235,7 @@ def paged_handshake(
     page: int,
     max_anchors: int | None = None,
     num_pages: int | None = None,
+    groups: int | None = None,
 ):
     """Stage 2 and the re-projection of the anchors' final states, for any number of anchors.
 
@@ -209,7 +245,8 @@ def paged_handshake(
     densely and the ranks past them keep the chain, as `patterns.abca.global_handshake` defines.
 
     Returns:
-      (s, k_a, v_a) in rank space, each [B, R, H, D] with R = num_pages * page (rank i: the i-th anchor).
+      (s [B, R, H, D], k_a, v_a [B, R, G, D]) in rank space, R = num_pages * page (rank i: the i-th anchor); G =
+      `groups` KV heads for zone attention (default H).
     """
     b, n = s_BxNxHxD.shape[:2]
     bi = jnp.arange(b)[:, None]
@@ -234,7 +271,7 @@ def paged_handshake(
         if not last:
             return out
         a = aw[:, 1:-1]  # the final states' keys and values, re-projected on the same page
-        return out, proj.key(out, a), proj.value(out, a)
+        return out, proj.key(out, a, groups), proj.value(out, a, groups)
 
     head = 0 if handshake == "chain" else min(r, max_anchors)
     anc_w, live_w = windows(anc), windows(live)
@@ -258,6 +295,6 @@ def paged_handshake(
     k_c, v_c = rank_space(out[1]), rank_space(out[2])
     if head:  # the head's final states came from the dense step: re-project them
         hs, ha = s_c[:, :head], anc[:, :head]
-        k_c = jnp.concatenate([proj.key(hs, ha), k_c[:, head:]], axis=1)
-        v_c = jnp.concatenate([proj.value(hs, ha), v_c[:, head:]], axis=1)
+        k_c = jnp.concatenate([proj.key(hs, ha, groups), k_c[:, head:]], axis=1)
+        v_c = jnp.concatenate([proj.value(hs, ha, groups), v_c[:, head:]], axis=1)
     return s_c, k_c, v_c

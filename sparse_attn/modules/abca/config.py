@@ -29,6 +29,8 @@ class AnchorAttentionConfig:
       implementation: "xla" (packed; default), "xla_blocks" or "pallas" (the three stages as position-space
         patterns through the block-gather XLA executor or the Pallas kernels), or "reference" (dense oracle).
       slot_width: queries per slot of the packed executor (default max_zone).
+      num_kv_heads: KV heads (grouped-query attention; default num_heads). Anchor states stay per query head; an
+        anchor's zone key/value for a group re-projects its heads' states.
     """
 
     placement: str = "fixed"
@@ -46,6 +48,7 @@ class AnchorAttentionConfig:
     implementation: str = "xla"
     slot_width: int | None = None
     rope_base: float | None = 10_000.0
+    num_kv_heads: int | None = None
 
     def __post_init__(self):
         if self.placement not in PLACEMENTS:

@@ -42,8 +42,10 @@ def check_core_inputs(
     implementation: str,
     slot_width: int | None,
 ) -> None:
-    if q.ndim != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError(f"ABCA needs q, k, v of one shape [B, N, H, D] (no GQA), got {q.shape}, {k.shape}, {v.shape}")
+    if q.ndim != 4 or k.shape != v.shape or q.shape[:2] + q.shape[3:] != k.shape[:2] + k.shape[3:]:
+        raise ValueError(f"ABCA needs q [B, N, H, D] and k, v [B, N, G, D], got {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
     if zones.is_anchor.shape != q.shape[:2]:
         raise ValueError(f"anchors {zones.is_anchor.shape} do not match q's [B, N] = {q.shape[:2]}")
     if max_zone < 1:
@@ -64,8 +66,8 @@ def check_core_inputs(
 
 def abca_core(
     q_BxNxHxD: jax.Array,
-    k_BxNxHxD: jax.Array,
-    v_BxNxHxD: jax.Array,
+    k_BxNxGxD: jax.Array,
+    v_BxNxGxD: jax.Array,
     zones: Zones,
     proj: AnchorProjections,
     *,
@@ -82,7 +84,9 @@ def abca_core(
     """One ABCA attention over zones whose anchors lie at most `max_zone` apart.
 
     Args:
-      q_BxNxHxD, k_BxNxHxD, v_BxNxHxD: projected queries, keys, values (RoPE already applied to q, k).
+      q_BxNxHxD, k_BxNxGxD, v_BxNxGxD: projected queries, keys, values (RoPE already applied to q, k); G KV heads
+        (H % G == 0, grouped-query attention): anchor states stay per query head, and an anchor's zone key/value
+        for group g re-projects the states of g's heads (`AnchorProjections.key(..., groups=G)`).
       zones: from `patterns.abca.compute_zones` on an anchor mask that satisfies the zone cap.
       proj: the anchor re-projections.
       gate_BxN: multiplies anchor outputs and values (1.0 forward; the straight-through path of learned placement).
@@ -93,8 +97,8 @@ def abca_core(
     """
     check_core_inputs(
         q_BxNxHxD,
-        k_BxNxHxD,
-        v_BxNxHxD,
+        k_BxNxGxD,
+        v_BxNxGxD,
         zones,
         max_zone=max_zone,
         handshake=handshake,
@@ -114,8 +118,8 @@ def abca_core(
         "scale": scale,
     }
     if implementation == "xla":
-        return _packed(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, slot_width=slot_width or max_zone, **kw)
-    return _positional(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones, proj, gate, implementation=implementation, **kw)
+        return _packed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, zones, proj, gate, slot_width=slot_width or max_zone, **kw)
+    return _positional(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, zones, proj, gate, implementation=implementation, **kw)
 
 
 def _positional(
@@ -134,8 +138,9 @@ def _positional(
         s = s + run(proj.query(s, pos), proj.key(s, pos), proj.value(s, pos), hs)
     anchor = zones.is_anchor[..., None, None]
     g = gate[..., None, None].astype(q.dtype)
-    k3 = jnp.where(anchor, proj.key(s, pos), k)
-    v3 = jnp.where(anchor, proj.value(s, pos) * g, v)
+    groups = k.shape[2]
+    k3 = jnp.where(anchor, proj.key(s, pos, groups), k)
+    v3 = jnp.where(anchor, proj.value(s, pos, groups) * g, v)
     o = run(q, k3, v3, abca.zone_intervals(zones, causal=causal, max_zone=max_zone))
     return jnp.where(anchor, s * g, o), {"handshake_overflow": overflow}
 
@@ -176,6 +181,7 @@ def _packed(
                 page=page,
                 max_anchors=max_anchors,
                 num_pages=pages,
+                groups=k.shape[2],
             )
             pad = ((0, 0), (0, (num_pages - pages) * page), (0, 0), (0, 0))  # both branches return every rank
             return tuple(jnp.pad(x, pad) for x in out)

@@ -19,7 +19,9 @@ class AnchorAttention(nnx.Module):
 
     def __init__(self, config: AnchorAttentionConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         self.config = config
-        self.proj = Projections(model_dim, num_heads, rope_base=config.rope_base, rngs=rngs)
+        self.proj = Projections(
+            model_dim, num_heads, num_kv_heads=config.num_kv_heads, rope_base=config.rope_base, rngs=rngs
+        )
         h, d = num_heads, self.proj.head_dim
         init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
         self.anchor_wq = nnx.Param(init(rngs.params(), (h, d, d)))
