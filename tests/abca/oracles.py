@@ -98,34 +98,10 @@ def anchor_states(
     return s
 
 
-def abca_forward(
-    q,
-    k,
-    v,
-    is_anchor,
-    valid_len,
-    wq,
-    wk,
-    wv,
-    *,
-    causal,
-    steps,
-    kind="chain",
-    max_anchors=None,
-    rope_base=None,
-    scale=None,
-):
-    """The three stages for one sequence and one head: q, k, v [N, D]; w* [D, D]. Returns [N, D]."""
-    out = abca_forward_gqa(
-        q[:, None], k[:, None], v[:, None], is_anchor, valid_len, wq[None], wk[None], wv[None],
-        causal=causal, steps=steps, kind=kind, max_anchors=max_anchors, rope_base=rope_base, scale=scale,
-    )  # fmt: skip
-    return out[:, 0]
-
-
 def abca_forward_gqa(q, k, v, is_anchor, valid_len, wq, wk, wv, *, rope_base=None, scale=None, **kw):
-    """The three stages for one sequence: q [N, H, D], k, v [N, G, D] (query head h reads KV group h // (H / G));
-    w* [H, D, D]. An anchor's zone key/value for group g is the sum of its g heads' re-projected states."""
+    """The three stages for one sequence: q [N, H, D], k, v [N, G, D] (query head h reads KV group h // (H / G); G = H
+    is plain multi-head attention); w* [H, D, D]. An anchor's zone key/value for group g is the sum of its g heads'
+    re-projected states."""
     n, h, d = q.shape
     g = k.shape[1]
     group = lambda head: head // (h // g)

@@ -41,33 +41,38 @@ CONFIGS = [
 ]
 
 
+def _assert_reference_matches_loops(zones, args, w, kw):
+    out = jax.jit(_core(zones, w, implementation="reference", **kw))(*args, *w)
+    for b in range(B):
+        want = oracles.abca_forward_gqa(
+            *(np.asarray(x[b], np.float64) for x in args),
+            np.asarray(zones.is_anchor[b]),
+            VL[b],
+            *(np.asarray(x, np.float64) for x in w),
+            causal=kw["causal"],
+            steps=kw["handshake_steps"],
+            kind=kw["handshake"],
+            max_anchors=kw.get("max_anchors"),
+            rope_base=100.0,
+        )
+        np.testing.assert_allclose(out[b], want, atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("cfg", range(len(CONFIGS)))
 def test_reference_matches_loop_definition(cfg):
-    kw = CONFIGS[cfg]
-    zones, (q, k, v), w = _setup(cfg)
-    out = jax.jit(_core(zones, w, implementation="reference", **kw))(q, k, v, *w)
-    for b in range(B):
-        for h in range(H):
-            want = oracles.abca_forward(
-                *(np.asarray(x[b, :, h], np.float64) for x in (q, k, v)),
-                np.asarray(zones.is_anchor[b]),
-                VL[b],
-                *(np.asarray(x[h], np.float64) for x in w),
-                causal=kw["causal"],
-                steps=kw["handshake_steps"],
-                kind=kw["handshake"],
-                max_anchors=kw.get("max_anchors"),
-                rope_base=100.0,
-            )
-            np.testing.assert_allclose(out[b, :, h], want, atol=2e-5, rtol=2e-5)
-
-
-@pytest.mark.parametrize(
-    "cfg,impl", [(0, "xla"), (3, "xla"), (4, "xla"), (1, "xla_blocks"), (2, "pallas"), (3, "pallas")]
-)
-def test_implementations_match_reference(cfg, impl):
-    kw = CONFIGS[cfg]
     zones, args, w = _setup(cfg)
+    _assert_reference_matches_loops(zones, args, w, CONFIGS[cfg])
+
+
+# gqa: 4 query heads over 2 KV heads (`_setup_gqa`)
+@pytest.mark.parametrize(
+    "cfg,impl,gqa",
+    [(0, "xla", False), (3, "xla", False), (4, "xla", False), (1, "xla_blocks", False), (2, "pallas", False)]
+    + [(3, "pallas", False), (2, "xla", True), (3, "xla", True), (0, "pallas", True)],
+)
+def test_implementations_match_reference(cfg, impl, gqa):
+    kw = CONFIGS[cfg]
+    zones, args, w = _setup_gqa(cfg) if gqa else _setup(cfg)
     ct = jax.random.normal(jax.random.PRNGKey(7), args[0].shape)
     ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
     np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
@@ -188,33 +193,5 @@ def _setup_gqa(seed, heads=4, groups=2):
 def test_gqa_reference_matches_loop_definition(cfg):
     """Grouped-query attention (4 query heads, 2 KV heads): an anchor's zone key/value per group re-projects the
     states of the group's heads (the numpy definition spells it out)."""
-    kw = CONFIGS[cfg]
-    zones, (q, k, v), w = _setup_gqa(cfg)
-    out = jax.jit(_core(zones, w, implementation="reference", **kw))(q, k, v, *w)
-    for b in range(B):
-        want = oracles.abca_forward_gqa(
-            *(np.asarray(x[b], np.float64) for x in (q, k, v)),
-            np.asarray(zones.is_anchor[b]),
-            VL[b],
-            *(np.asarray(x, np.float64) for x in w),
-            causal=kw["causal"],
-            steps=kw["handshake_steps"],
-            kind=kw["handshake"],
-            max_anchors=kw.get("max_anchors"),
-            rope_base=100.0,
-        )
-        np.testing.assert_allclose(out[b], want, atol=2e-5, rtol=2e-5)
-
-
-@pytest.mark.parametrize("cfg,impl", [(2, "xla"), (3, "xla"), (0, "pallas")])
-def test_gqa_implementations_match_reference(cfg, impl):
-    kw = CONFIGS[cfg]
     zones, args, w = _setup_gqa(cfg)
-    ct = jax.random.normal(jax.random.PRNGKey(8), args[0].shape)
-    ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
-    np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
-    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
-    g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args, *w)
-    g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
-    for a, b in zip(g_fast, g_ref):
-        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    _assert_reference_matches_loops(zones, args, w, CONFIGS[cfg])
