@@ -8,7 +8,9 @@ from flax import nnx
 
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules.abca import AnchorAttentionConfig
+from sparse_attn.modules.abca.stats import _handshake_pairs
 from sparse_attn.modules.base import AttentionContext
+from sparse_attn.patterns import abca
 
 B, N, DM, H = 2, 20, 16, 2
 VOCAB, ANCHOR = 11, 3
@@ -160,3 +162,19 @@ def test_plugs_into_the_language_model():
     assert out.logits.shape == (B, N, VOCAB) and np.all(np.isfinite(out.logits))
     assert float(out.aux_loss) > 0
     assert any("abca/anchors" in k for k in out.stats)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_handshake_pair_count_matches_the_patterns(causal):
+    """The stats count handshake pairs from k alone; the chain / global neighbour lists must agree."""
+    rng = np.random.default_rng(int(causal))
+    for _ in range(20):
+        n, cap = int(rng.integers(1, 40)), int(rng.integers(1, 8))
+        vl = jnp.asarray([n, int(rng.integers(0, n + 1))], jnp.int32)
+        is_anchor, _ = abca.enforce_zone_cap(jnp.asarray(rng.random((2, n)) < rng.random()), vl, cap)
+        zones = abca.compute_zones(is_anchor, vl)
+        m = int(rng.integers(1, 6))
+        chain = abca.chain_handshake(zones, causal=causal).valid.sum((1, 2, 3))
+        glob = abca.global_handshake(zones, max_anchors=m, causal=causal)[0].valid.sum((1, 2, 3))
+        np.testing.assert_array_equal(_handshake_pairs(zones.num_anchors, causal, "chain", None), chain)
+        np.testing.assert_array_equal(_handshake_pairs(zones.num_anchors, causal, "global", m), glob)

@@ -12,6 +12,22 @@ def _range_pairs(lo_BxN, hi_BxN, rows_BxN):
     return jnp.sum(jnp.where(rows_BxN, jnp.maximum(hi_BxN - lo_BxN + 1, 0), 0).astype(jnp.float32))
 
 
+def _handshake_pairs(k_B, causal: bool, handshake: str, max_anchors: int | None):
+    """Allowed pairs of one handshake step, from the anchor count alone (the patterns in `patterns.abca.handshake`).
+
+    chain: every anchor sees itself and its previous anchor [and its next, bidirectional]. global: the first
+    M = max_anchors anchors see each other [causal: the earlier ones]; anchors past M keep the chain.
+    """
+    k = k_B.astype(jnp.float32)
+    chain = lambda ranks, with_prev: ranks + with_prev + (0.0 if causal else jnp.maximum(ranks - 1.0, 0.0))
+    if handshake == "chain":
+        return chain(k, jnp.maximum(k - 1.0, 0.0))
+    head = jnp.minimum(k, float(max_anchors))
+    rest = k - head  # ranks >= M: all have a previous anchor; the last has no next
+    dense = head * (head + 1.0) / 2.0 if causal else head * head
+    return dense + chain(rest, rest)
+
+
 def abca_stats(
     zones: Zones,
     inserted_B,
@@ -31,14 +47,10 @@ def abca_stats(
     anchors, tokens = live & zones.is_anchor, live & ~zones.is_anchor
     g_lo, g_hi = abca.gather_lo_hi(zones, causal)
     z_lo, z_hi = abca.zone_lo_hi(zones, causal)
-    if handshake == "chain":
-        hs = abca.chain_handshake(zones, causal=causal)
-    else:
-        hs, _ = abca.global_handshake(zones, max_anchors=max_anchors, causal=causal)
     pairs = (
         _range_pairs(g_lo, g_hi, anchors)
         + _range_pairs(z_lo, z_hi, tokens)
-        + handshake_steps * jnp.sum(hs.valid, dtype=jnp.float32)
+        + handshake_steps * jnp.sum(_handshake_pairs(zones.num_anchors, causal, handshake, max_anchors))
     )
     per_pair = 4.0 * head_dim * heads
     dense = per_pair * jnp.sum(zones.valid_len.astype(jnp.float32) ** 2)
