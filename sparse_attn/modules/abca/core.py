@@ -146,9 +146,10 @@ def _positional(
 
 
 def slot_chunk(batch_heads: int, slot_width: int) -> int:
-    """Slots per scan step: about one 256 x 257 x 4-head score tile. Re-measured on the head-major executor (core
-    fwd+bwd, median of 10): n=4096, H=4: 1 slot 75-77 ms, 2: 71, 4: 74; n=16384, H=1: 1: 87, 2: 70, 4: 78-117,
-    8: 108 -- differences within this machine's run-to-run noise except for 8, so the rule stays."""
+    """Slots per scan step: about one 256 x 257 x 4-head score tile. Re-measured on the head-major executor (the
+    core's jitted fwd+bwd with this function patched to a constant, median of 10 calls): n=4096, H=4: 1 slot
+    75-77 ms, 2: 71, 4: 74; n=16384, H=1: 1: 87, 2: 70, 4: 78-117, 8: 108 -- within this machine's run-to-run noise
+    except for 8, so the rule stays."""
     return max(1, (256 * 257 * 4) // (batch_heads * slot_width * (slot_width + 1)))
 
 
