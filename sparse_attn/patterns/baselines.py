@@ -19,20 +19,8 @@ def _positions(n: int) -> jax.Array:
     return jnp.arange(n, dtype=jnp.int32).reshape(1, 1, n)
 
 
-def _check_n(n: int) -> None:
-    if not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"sequence length must be a positive int, got {n!r}")
-
-
-def _valid(valid_len, n: int):
-    if valid_len is None:
-        return None
-    valid_len = jnp.asarray(valid_len, jnp.int32)
-    if valid_len.ndim != 1:
-        raise ValueError(f"valid_len must be int32[B], got shape {valid_len.shape}")
-    if common.is_concrete(valid_len) and np.any((common.host(valid_len) < 0) | (common.host(valid_len) > n)):
-        raise ValueError(f"valid_len must lie in [0, {n}], got {common.host(valid_len)}")
-    return valid_len
+def _batch(x) -> int | None:
+    return None if x is None else x.shape[0]
 
 
 def _clip(lo, hi, valid_len):
@@ -57,11 +45,9 @@ def causal(n: int, *, valid_len=None) -> Intervals:
 
 def sliding_window(n: int, radius: int, *, causal: bool = False, valid_len=None) -> Intervals:
     """Query i attends keys [i - radius, i + radius] (causal: [i - radius, i])."""
-    _check_n(n)
-    if radius < 0:
-        raise ValueError(f"radius must be >= 0, got {radius}")
-    radius = min(radius, n)
-    valid_len = _valid(valid_len, n)
+    n = common.static_int("n (sequence length)", n, low=1)
+    radius = min(common.static_int("radius", radius), n)
+    valid_len = common.valid_len_array(valid_len, n)
     i = _positions(n)
     lo = jnp.maximum(i - radius, 0)
     hi = i if causal else jnp.minimum(i + radius, n - 1)
@@ -70,18 +56,17 @@ def sliding_window(n: int, radius: int, *, causal: bool = False, valid_len=None)
 
 
 def _global_mask(global_tokens, n: int, valid_len) -> tuple[jax.Array, int]:
-    if isinstance(global_tokens, (int, np.integer)):
-        if not 0 < global_tokens <= n:
-            raise ValueError(f"number of global tokens must lie in [1, {n}], got {global_tokens}")
-        g = (jnp.arange(n) < global_tokens)[None]
-        count = int(global_tokens)
+    if np.ndim(global_tokens) == 0:
+        count = common.static_int("global_tokens (number of global tokens)", global_tokens, low=1, high=n)
+        g = (jnp.arange(n) < count)[None]
     else:
         g = jnp.asarray(global_tokens)
         if g.dtype != jnp.bool_ or g.ndim != 2 or g.shape[1] != n:
-            raise ValueError(f"global_tokens must be an int or bool[B, {n}], got {g.dtype}{g.shape}")
+            raise ValueError(f"global_tokens must be an int or bool[B|1, {n}], got {g.dtype}{g.shape}")
         if not common.is_concrete(g):
             raise ValueError("a global_tokens mask must be concrete (its count sizes static buffers); pass an int")
-        count = max(int(common.host(g).sum(-1).max()), 1)
+        common.check_batches(global_tokens=g.shape[0], valid_len=_batch(valid_len))
+        count = max(int(common.host(g).sum(-1).max(initial=0)), 1)
     if valid_len is not None:
         g = g & (jnp.arange(n)[None] < valid_len.reshape(-1, 1))
     return g, count
@@ -117,10 +102,14 @@ def bigbird(
     Randomness comes only from `key`; `batch > 1` draws an independent choice per sequence. The random blocks are
     chosen among blocks the window does not already cover (causal: among earlier blocks).
     """
-    if block < 1 or num_random < 0:
-        raise ValueError(f"bigbird needs block >= 1 and num_random >= 0, got {block}, {num_random}")
-    mask = longformer(n, radius, global_tokens, causal=causal, valid_len=valid_len)
+    n = common.static_int("n (sequence length)", n, low=1)
+    block = common.static_int("block", block, low=1)
     nb = -(-n // block)
+    why = f" (the number of {block}-token key blocks in {n} tokens)"
+    num_random = common.static_int("num_random", num_random, high=nb, why=why)
+    batch = common.static_int("batch", batch, low=1)
+    mask = longformer(n, radius, global_tokens, causal=causal, valid_len=valid_len)
+    common.check_batches(batch=batch, valid_len=_batch(mask.valid_len), global_tokens=_batch(mask.global_tokens))
     qb = jnp.arange(nb).reshape(nb, 1)
     kb = jnp.arange(nb).reshape(1, nb)
     near = jnp.abs(qb - kb) <= -(-radius // block)
@@ -140,10 +129,12 @@ def document_mask(segment_ids, *, causal: bool = False, radius: int | None = Non
     """
     seg = jnp.asarray(segment_ids)
     common.check_int("segment_ids", seg, 2)
-    n = seg.shape[1]
+    n = common.static_int("n (sequence length)", seg.shape[1], low=1)
+    radius = common.static_int("radius", radius, none_ok=True)
     if common.is_concrete(seg) and np.any(np.diff(common.host(seg), axis=1) < 0):
         raise ValueError("segment_ids must be non-decreasing along the sequence (contiguous documents)")
-    valid_len = _valid(valid_len, n)
+    valid_len = common.valid_len_array(valid_len, n)
+    common.check_batches(segment_ids=seg.shape[0], valid_len=_batch(valid_len))
     i = jnp.arange(n, dtype=jnp.int32)[None]
     new = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], axis=1)
     end = jnp.concatenate([seg[:, 1:] != seg[:, :-1], jnp.ones_like(seg[:, :1], bool)], axis=1)

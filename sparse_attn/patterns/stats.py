@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.patterns import common
 from sparse_attn.patterns.neighbours import NeighbourList
 
 _CHUNK = 256
@@ -38,13 +39,22 @@ def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
 
 
 def pattern_stats(pattern, head_dim: int, *, batch: int = 1, heads: int = 1) -> dict[str, jax.Array]:
-    """Statistics of a pattern broadcast to [batch, heads].
+    """Statistics of a pattern broadcast to [batch, heads] (a per-batch or per-head pattern must match them).
 
     Returns a dict of scalars: `pairs` (allowed (query, key) pairs, summed over batch and heads), `mean_keys` and
     `max_keys` per query, `lonely_queries` (queries with no allowed key besides themselves), `flops` (forward
     attention FLOPs, 4 * pairs * head_dim), `density` (pairs / dense pairs).
     """
+    head_dim = common.static_int("head_dim", head_dim, low=1)
+    batch = common.static_int("batch", batch, low=1)
+    heads = common.static_int("heads", heads, low=1)
     keys, self_ok = key_counts(pattern)
+    # A per-batch or per-head pattern must match batch/heads: the replication factor below would otherwise be 0.
+    for axis, given, size in (("batch", batch, keys.shape[0]), ("heads", heads, keys.shape[1])):
+        if size not in (1, given):
+            raise ValueError(
+                f"pattern_stats: the pattern has {axis} axis {size}, so {axis} must be {size}; got {given}"
+            )
     n = keys.shape[-1]
     rep = (batch // keys.shape[0]) * (heads // keys.shape[1])
     pairs = jnp.sum(keys.astype(jnp.float32)) * rep
