@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -45,6 +46,9 @@ def _check_inputs(q, k, v, pattern) -> None:
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must be floating point, got {x.dtype}")
     b, n, h, d = q.shape
+    for axis, size in (("length N", n), ("query heads H", h), ("KV heads G", k.shape[2]), ("head size D", d)):
+        if size < 1:
+            raise ValueError(f"{axis} must be >= 1, got q shape {q.shape}, k/v shape {k.shape}")
     if k.shape != v.shape:
         raise ValueError(f"k {k.shape} and v {v.shape} must have the same shape")
     if k.shape[0] != b or k.shape[1] != n or k.shape[3] != d:
@@ -56,6 +60,24 @@ def _check_inputs(q, k, v, pattern) -> None:
     if pattern.num_tokens != n:
         raise ValueError(f"pattern covers {pattern.num_tokens} tokens but q has {n}")
     pattern.validate(batch=b, heads=h)
+
+
+def _resolve_implementation(implementation) -> str:
+    if implementation is None:
+        return default_implementation()
+    if not isinstance(implementation, str) or implementation not in _EXECUTORS:
+        raise ValueError(
+            f"implementation must be None or one of {sorted(_EXECUTORS)}, got {implementation!r} "
+            "(an unknown or unavailable implementation)"
+        )
+    return implementation
+
+
+def _empty_batch(q, fn, args, options):
+    """B = 0: empty outputs without running an executor (kernels cannot launch an empty grid)."""
+    inspect.signature(fn).bind(*args, **options)  # a bad option fails as it would with B > 0
+    b, n, h, _ = q.shape
+    return jnp.zeros(q.shape, q.dtype), jnp.zeros((b, n, h), jnp.float32)
 
 
 def attention(
@@ -75,19 +97,22 @@ def attention(
       q_BxNxHxD: queries [batch, length, query heads, head size].
       k_BxNxGxD, v_BxNxGxD: keys and values with G KV heads (H % G == 0: grouped-query attention).
       pattern: Intervals, BlockLayout or NeighbourList over the N tokens, leading axes [B|1, H|1].
-      implementation: "reference", "xla", "pallas" or None (best available for the platform). An explicit
-        choice that cannot run raises ValueError.
+      implementation: "reference", "xla", "pallas" or None (best available for the platform). Any other value
+        (including "") or an explicit choice that cannot run raises ValueError.
       scale: logit scale, default 1/sqrt(D).
       return_lse: also return the float32 log-sum-exp [B, N, H] (-inf on rows with no allowed key).
       **options: executor options (e.g. `block` for "xla").
 
     Returns:
-      out [B, N, H, D] in q's dtype (0 on rows with no allowed key), and lse if asked.
+      out [B, N, H, D] in q's dtype (0 on rows with no allowed key), and lse if asked. An empty batch (B = 0)
+      gives empty outputs; N, H, G and D must be >= 1.
     """
+    name = _resolve_implementation(implementation)
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
-    name = implementation or default_implementation()
-    if name not in _EXECUTORS:
-        raise ValueError(f"unknown or unavailable implementation {name!r}; have {sorted(_EXECUTORS)}")
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
-    out, lse = _EXECUTORS[name](q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, **options)
+    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
+    if q_BxNxHxD.shape[0] == 0:
+        out, lse = _empty_batch(q_BxNxHxD, _EXECUTORS[name], args, options)
+    else:
+        out, lse = _EXECUTORS[name](*args, **options)
     return (out, lse) if return_lse else out
