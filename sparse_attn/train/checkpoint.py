@@ -1,20 +1,38 @@
-"""Orbax checkpoints: train state and data-iterator state saved together, one step per directory.
+"""Orbax checkpoints: train state, data-iterator state and the run's config saved together.
 
-Layout: `<workdir>/checkpoints/<step>/{state,data}`. Orbax writes a save into
+Layout: `<workdir>/checkpoints/<step>/{state,data,config}`. Orbax writes a save into
 `<step>.orbax-checkpoint-tmp*` and renames it when complete, so a crash mid-save leaves the
 previous step restorable. Async saves must be finished before exit: use the manager as a
 context manager (its `close()` waits).
+
+Failures are made loud and prompt: directories are created synchronously (an async mkdir that
+fails leaves orbax threads waiting 300 s for a signal, so the process hangs at exit), the rest of
+a background save is checked with `raise_if_save_failed` every step, and an unreadable checkpoint
+is moved to `<workdir>/checkpoints_unreadable/` once an older one restores.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+from collections.abc import Callable
 
+import jax
 import orbax.checkpoint as ocp
 
 from sparse_attn.train.config import TrainConfig
 
-STATE, DATA = "state", "data"
+STATE, DATA, CONFIG = "state", "data", "config"
+UNREADABLE_DIR = "checkpoints_unreadable"
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the run stopped."""
+
+
+class CheckpointRestoreError(RuntimeError):
+    """No checkpoint in the workdir could be read back."""
 
 
 def make_manager(workdir: str | os.PathLike, config: TrainConfig) -> ocp.CheckpointManager:
@@ -25,19 +43,70 @@ def make_manager(workdir: str | os.PathLike, config: TrainConfig) -> ocp.Checkpo
     options = ocp.CheckpointManagerOptions(
         preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies),
         enable_async_checkpointing=config.async_checkpoints,
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),  # see module docstring
         create=True,
     )
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    return ocp.CheckpointManager(directory, options=options, item_names=(STATE, DATA))
+    return ocp.CheckpointManager(directory, options=options, item_names=(STATE, DATA, CONFIG))
 
 
-def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict) -> None:
-    """Start saving `state` (any pytree of jax arrays) and `data_state` (a JSON dict) at `step`."""
-    manager.save(
-        step,
-        args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}),
-        force=True,  # the loop decides when to save; no save-interval policy here
-    )
+@contextlib.contextmanager
+def opened(workdir: str | os.PathLike, config: TrainConfig):
+    """`make_manager` closed on every exit path; a failed pending save raises `CheckpointSaveError`.
+
+    When the body already raised, that error is the one reported: a close that fails too (the
+    same failed save) is not allowed to replace it.
+    """
+    manager = make_manager(workdir, config)
+    try:
+        yield manager
+    except BaseException:
+        with contextlib.suppress(Exception):
+            manager.close()
+        raise
+    finish_saves(manager)
+    manager.close()
+
+
+def finish_saves(manager: ocp.CheckpointManager) -> None:
+    """Wait for pending saves; raise `CheckpointSaveError` if one failed."""
+    try:
+        manager.wait_until_finished()
+    except Exception as e:
+        raise CheckpointSaveError(f"a background save to {manager.directory} failed: {e!r}") from e
+
+
+def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict, config: dict | None = None) -> None:
+    """Start saving `state` (a pytree of jax arrays), `data_state` and `config` (JSON dicts) at `step`."""
+    items = {STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}
+    if config is not None:
+        items[CONFIG] = ocp.args.JsonSave(config)
+    try:
+        # force: the loop decides when to save; no save-interval policy here
+        manager.save(step, args=ocp.args.Composite(**items), force=True)
+    except Exception as e:
+        raise CheckpointSaveError(f"saving step {step} to {manager.directory} failed: {e!r}") from e
+
+
+def raise_if_save_failed(manager: ocp.CheckpointManager) -> None:
+    """Raise a finished background save's error now, not at the next save or at exit.
+
+    (`manager.check_for_errors()` misses errors of orbax's finalize thread; a finished
+    `wait_until_finished` returns at once or re-raises them.)
+    """
+    if not manager.is_saving_in_progress():
+        finish_saves(manager)
+
+
+def has_config(manager: ocp.CheckpointManager, step: int) -> bool:
+    return os.path.isdir(os.path.join(str(manager.directory), str(step), CONFIG))
+
+
+def read_config(manager: ocp.CheckpointManager, step: int) -> dict | None:
+    """The run config stored at `step`, or None for checkpoints written before configs were stored."""
+    if not has_config(manager, step):
+        return None
+    return manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[CONFIG]
 
 
 def restore(manager: ocp.CheckpointManager, target, step: int | None = None):
@@ -53,3 +122,54 @@ def restore(manager: ocp.CheckpointManager, target, step: int | None = None):
         step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target), DATA: ocp.args.JsonRestore()})
     )
     return out[STATE], out[DATA]
+
+
+def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
+                            check_config: Callable[[int, dict | None], None], log: Callable[[str], None]):
+    """Restore the newest checkpoint that reads back: `(step, state, data_state)`, or None if none exist.
+
+    `check_config(step, stored_config)` runs before the arrays are read; its errors propagate (a
+    config mismatch is not corruption). A checkpoint that fails to read (truncated JSON, tensorstore
+    DATA_LOSS, missing files) is named, skipped, and moved aside once an older one restores; if
+    none restores, nothing is moved and the newest one's error is raised.
+    """
+    unreadable: list[tuple[int, Exception]] = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            stored = read_config(manager, step)
+        except Exception as e:  # noqa: BLE001 — any read failure makes this step unusable
+            unreadable.append((step, e))
+            log(f"checkpoint step {step} in {manager.directory} is unreadable ({_brief(e)}); trying the previous one")
+            continue
+        check_config(step, stored)
+        try:
+            state, data_state = restore(manager, target, step)
+        except Exception as e:  # noqa: BLE001 — any read failure makes this step unusable
+            unreadable.append((step, e))
+            log(f"checkpoint step {step} in {manager.directory} is unreadable ({_brief(e)}); trying the previous one")
+            continue
+        for bad, _ in unreadable:
+            _move_aside(manager, bad, log)
+        return step, state, data_state
+    if unreadable:
+        step, error = unreadable[0]
+        raise CheckpointRestoreError(f"no checkpoint in {manager.directory} could be read; the newest, step "
+                                     f"{step}, failed with {_brief(error)}") from error
+    return None
+
+
+def _brief(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error)[:500]}"
+
+
+def _move_aside(manager: ocp.CheckpointManager, step: int, log: Callable[[str], None]) -> None:
+    """Keep an unreadable step for inspection, out of orbax's way (the run will save that step again)."""
+    src = os.path.join(str(manager.directory), str(step))
+    dst = os.path.join(os.path.dirname(str(manager.directory)), UNREADABLE_DIR, str(step))
+    if jax.process_index() == 0:
+        if os.path.exists(dst):
+            shutil.rmtree(dst)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.move(src, dst)
+        log(f"moved unreadable checkpoint step {step} to {dst}")
+    manager.reload()

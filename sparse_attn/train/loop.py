@@ -6,11 +6,11 @@ factory, `loss_fn`, `eval_fn` and the data; see `experiments/lm.py`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 import jax
@@ -18,11 +18,15 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparse_attn.train import checkpoint, reporting
+from sparse_attn.train import checkpoint, guard, reporting, run_config, workdir_lock
 from sparse_attn.train import mesh as mesh_lib
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
 from sparse_attn.train.config import TrainConfig
+from sparse_attn.train.guard import NonFiniteLossError
+from sparse_attn.train.interrupt import DeferredInterrupt
+
+__all__ = ["NonFiniteLossError", "ResumableIterator", "train_and_evaluate"]
 
 
 class ResumableIterator(Protocol):
@@ -31,40 +35,19 @@ class ResumableIterator(Protocol):
     def set_state(self, state: dict) -> None: ...
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss or gradient norm became NaN/Inf; the run stopped without saving that state."""
+def _first_batch(eval_batches: Callable[[], Iterable[dict]]) -> dict:
+    """Build one eval batch before training: a too-short validation set fails now, not after hours."""
+    for batch in eval_batches():
+        return batch
+    raise ValueError("eval_batches() yielded no batch")
 
 
-class _DeferredInterrupt:
-    """Turns the first Ctrl-C into a request the loop honours between steps.
-
-    A KeyboardInterrupt raised inside a step call would drop the new state after the old one
-    was donated (deleted), leaving nothing to save. A second Ctrl-C interrupts immediately.
-    """
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():  # signals only work there
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-        self.restore()
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-
-
-def _check_finite(step: int, metrics: dict, last_good: int | None, ckpt_dir: str) -> None:
-    bad = {k: metrics[k] for k in ("loss", "grad_norm") if not math.isfinite(metrics[k])}
-    if bad:
-        where = f"step {last_good} in {ckpt_dir}" if last_good is not None else "none saved yet"
-        raise NonFiniteLossError(f"non-finite {bad} at step {step}; stopped. Last good checkpoint: {where}")
+def _schedule_change(stored: dict, config: TrainConfig, step: int) -> str:
+    """The learning rate at the resume step under the stored and the current schedule."""
+    old = TrainConfig(**{k: v for k, v in stored["train"].items() if k != "_type"})
+    lr_old = float(state_lib.learning_rate_schedule(old)(step))
+    lr_new = float(state_lib.learning_rate_schedule(config)(step))
+    return f"learning rate at step {step}: {lr_old:.6g} under the checkpoint's schedule, {lr_new:.6g} from now on"
 
 
 def train_and_evaluate(
@@ -77,6 +60,8 @@ def train_and_evaluate(
     train_iter: ResumableIterator,
     eval_batches: Callable[[], Iterable[dict]],
     tokens_per_batch: int | None = None,
+    experiment: dict | None = None,
+    allowed_changes: Collection[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict:
     """Train to `config.num_steps` (resuming from `workdir` if it holds a checkpoint).
@@ -88,6 +73,10 @@ def train_and_evaluate(
       train_iter: yields this process's rows of each global batch; resumable.
       eval_batches: a fresh iterable of this process's rows of each eval batch.
       tokens_per_batch: for tokens/s (default `global_batch * seq_len`).
+      experiment: the rest of the run's configuration (model, data, ...: dataclasses or JSON),
+        stored with each checkpoint with `config` and compared on resume.
+      allowed_changes: fnmatch patterns of config paths (`train.num_steps`) that may differ from
+        the checkpoint's on resume, besides `run_config.ALWAYS_ALLOWED`.
     Returns:
       A summary: steps, parameter count, memory, last train metrics, final eval metrics.
     """
@@ -95,6 +84,10 @@ def train_and_evaluate(
     is_main = jax.process_index() == 0
     info = (lambda msg: log(msg)) if is_main else (lambda msg: None)
     tokens_per_batch = tokens_per_batch or config.global_batch * config.seq_len
+    this_run = run_config.record(config, experiment)
+
+    # ------------------------------------------------------------------ data sizes (before any compile)
+    _first_batch(eval_batches)
 
     # ------------------------------------------------------------------ mesh
     mesh = mesh_lib.make_mesh(config)
@@ -135,19 +128,32 @@ def train_and_evaluate(
             raise ValueError("eval_batches() yielded no batch")
         return {k: float(v) / n for k, v in jax.device_get(sums).items()}
 
+    def check_config(step: int, stored: dict | None) -> None:
+        if stored is None:
+            info(f"checkpoint step {step} stores no config (written before configs were stored): not checked")
+            return
+        changed = run_config.check_resume(stored, this_run, allowed_changes)
+        for path, (old, new) in changed.items():
+            info(f"resume: {path} changed from {old!r} to {new!r} (allowed)")
+        if any(path.startswith("train.") and path[6:] in state_lib.SCHEDULE_FIELDS for path in changed):
+            info(_schedule_change(stored, config, step))
+
     summary = {"param_count": n_params, "num_devices": int(mesh.devices.size)}
-    with jax.set_mesh(mesh), checkpoint.make_manager(workdir, config) as manager:
+    # One run per workdir (process 0 holds the lock for all processes of this run).
+    lock = workdir_lock.hold(workdir) if is_main else contextlib.nullcontext()
+    with lock, jax.set_mesh(mesh), checkpoint.opened(workdir, config) as manager:
         ckpt_dir = str(manager.directory)
 
         # -------------------------------------------------------------- restore or initialize
-        restored = checkpoint.restore(manager, state_lib.with_shardings(shapes, shardings))
+        target = state_lib.with_shardings(shapes, shardings)
+        restored = checkpoint.restore_newest_readable(manager, target, check_config=check_config, log=info)
         if restored is None:
             state = state_lib.init_state(make_model, tx, config, shardings)
             info("no checkpoint: initialized from scratch")
         else:
-            state, data_state = restored
+            restored_step, state, data_state = restored
             train_iter.set_state(data_state)
-            info(f"resumed from {ckpt_dir} at step {int(state.step)}")
+            info(f"resumed from {ckpt_dir} at step {restored_step}")
         step = int(state.step)
 
         pending: list[tuple[int, dict]] = []  # dispatched steps whose metrics are not read yet
@@ -161,19 +167,23 @@ def train_and_evaluate(
             for m in values:
                 s = pending[0][0]
                 m = {k: float(np.asarray(v)) for k, v in m.items()}
-                _check_finite(s, m, manager.latest_step(), ckpt_dir)
+                guard.check_metrics(s, m, manager.latest_step(), ckpt_dir)
                 writer.write(s, "train", m)
                 progress.update(s, m["loss"])
                 last_train = {"step": s, **m}
                 del pending[0]  # only once logged: a Ctrl-C mid-flush loses no step
 
         def save() -> None:
+            """Save `state` after checking it; call after `flush(keep_last=False)` (metrics checked)."""
+            guard.check_state(step, state, manager.latest_step(), ckpt_dir)
             # No batch is fetched-but-unused when we save: the iterator state matches `step`.
-            checkpoint.save(manager, step, state, train_iter.get_state())
+            checkpoint.save(manager, step, state, train_iter.get_state(), this_run)
 
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
-        interrupt = _DeferredInterrupt()
+        # SIGTERM only for a single process: processes stopping at different steps would hang in collectives.
+        interrupt = DeferredInterrupt(signals=(signal.SIGINT, signal.SIGTERM) if jax.process_count() == 1
+                                      else (signal.SIGINT,))
         try:
             # ---------------------------------------------------------- compile; report before step 0
             batch = None
@@ -188,13 +198,14 @@ def train_and_evaluate(
             # ---------------------------------------------------------- loop
             progress.start()
             interrupt.install()
-            while step < config.num_steps and not interrupt.requested:
+            while step < config.num_steps and interrupt.requested is None:
                 if batch is None:
                     batch = mesh_lib.shard_batch(next(train_iter), mesh)
                 state, metrics = compiled(state, batch)
                 batch = None
                 step += 1
                 pending.append((step, metrics))
+                checkpoint.raise_if_save_failed(manager)  # a failed background save stops the run now
                 # Metrics of step t-1 are read after step t is dispatched: the device stays busy.
                 # Reading them syncs the host: never more than `sync_every` steps go unsynced.
                 if len(pending) >= max(config.sync_every, 2):
@@ -203,26 +214,30 @@ def train_and_evaluate(
                 boundary_eval = step % config.eval_every == 0 or step == config.num_steps
                 if boundary_ckpt or boundary_eval:
                     flush(keep_last=False)  # never save or evaluate a state we have not checked
+                if boundary_ckpt:
+                    save()  # before evaluating: a failing evaluation must not lose the step
                 if boundary_eval:
                     eval_metrics = evaluate(state)
                     writer.write(step, "valid", eval_metrics)
                     summary["eval"] = {"step": step, **eval_metrics}
                     msg = f"step {step}: valid " + " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items())
                     progress.write(msg) if config.progress else info(msg)
-                if boundary_ckpt:
-                    save()
             flush(keep_last=False)
-            if interrupt.requested:
+            if interrupt.requested is not None:
                 # Keep the work done so far: the last dispatched state, checked above, then saved.
                 if manager.latest_step() != step:
                     save()
-                raise KeyboardInterrupt(f"interrupted after step {step}; saved it to {ckpt_dir}")
+                checkpoint.finish_saves(manager)  # the saved step is on disk before we say so
+                stop = interrupt.stop(step, ckpt_dir)
+                info(str(stop))
+                raise stop
         finally:
             interrupt.restore()
             if progress is not None:
                 progress.close()
             writer.close()
-            # Leaving the `with` waits for async saves (Orbax drops unfinished ones at exit).
+            # Leaving the `with` waits for async saves (Orbax drops unfinished ones at exit) and
+            # raises CheckpointSaveError if one failed.
 
         if "eval" not in summary:  # restored at or past num_steps: evaluate what we have
             summary["eval"] = {"step": step, **evaluate(state)}

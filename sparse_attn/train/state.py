@@ -32,6 +32,10 @@ class TrainState:
     opt_state: Any
 
 
+# The TrainConfig fields the learning-rate schedule is built from.
+SCHEDULE_FIELDS = ("learning_rate", "warmup_steps", "num_steps", "end_lr_fraction")
+
+
 def learning_rate_schedule(config: TrainConfig) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,

@@ -70,7 +70,7 @@ def test_ctrl_c_saves_the_current_step(tmp_path):
         finally:
             proc.kill()
     last = max(read_metrics(workdir))
-    assert f"KeyboardInterrupt: interrupted after step {last}" in err, err[-3000:]
+    assert f"KeyboardInterrupt: interrupted by SIGINT after step {last}" in err, err[-3000:]
     saved = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
     assert saved == [last], saved  # the interrupted step, checked and saved
     with checkpoint.make_manager(workdir, tiny.config()) as manager:
