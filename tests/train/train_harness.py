@@ -1,8 +1,8 @@
 """A tiny causal byte LM and its loss, for exercising the train machinery (not a test file).
 
 Also runnable as a script (subprocess tests: kill/resume, multi-process):
-    python tests/train/train_harness.py WORKDIR NUM_STEPS [--kill_at STEP]
-        [--coordinator ADDR --num_processes N --process_id I]
+    python tests/train/train_harness.py WORKDIR NUM_STEPS [--kill_at STEP] [--break_checkpoints_at STEP]
+        [--hang_on_save] [--coordinator ADDR --num_processes N --process_id I]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -95,19 +96,54 @@ class KillAt:
         self.it.set_state(state)
 
 
-def run(workdir: str, train_config, log=lambda msg: None, loss_fn=loss_fn, kill_at: int | None = None) -> dict:
+class BreakCheckpointsAt(KillAt):
+    """Replaces `<workdir>/checkpoints` by a file just before the save of `step`: every later
+    write there fails, as on a read-only or vanished folder (chmod does not stop root)."""
+
+    def __init__(self, it, step: int, workdir: str):
+        super().__init__(it, step - 1)
+        self.ckpt_dir = os.path.join(workdir, "checkpoints")
+
+    def __next__(self):
+        if self.it.step == self.kill_step:
+            os.rename(self.ckpt_dir, self.ckpt_dir + ".moved")
+            open(self.ckpt_dir, "w").close()  # noqa: SIM115
+        return next(self.it)
+
+
+class HangOnSave(KillAt):
+    """Prints SAVING and sleeps when a checkpoint save asks for the iterator state (a slow save)."""
+
+    def __init__(self, it):
+        super().__init__(it, -1)
+
+    def get_state(self):
+        print("SAVING", flush=True)
+        time.sleep(600)
+        return self.it.get_state()
+
+
+def run(workdir: str, train_config, log=lambda msg: None, loss_fn=loss_fn, kill_at: int | None = None,
+        wrap_iter=None, eval_data=None, **loop_kw) -> dict:
+    """Train the tiny LM; `wrap_iter(iterator)` may wrap the train iterator, `eval_data` replace
+    the validation bytes; `loop_kw` go to `train_and_evaluate` (experiment, allowed_changes, ...)."""
     from sparse_attn.data import RandomWindows, eval_batches  # noqa: PLC0415
     from sparse_attn.train import train_and_evaluate  # noqa: PLC0415
 
     data = corpus_U8()
+    eval_data = data[:2000] if eval_data is None else eval_data
     kw = dict(global_batch=train_config.global_batch, seq_len=train_config.seq_len,
               process_index=jax.process_index(), process_count=jax.process_count())
     train_iter = RandomWindows(data, seed=train_config.seed, **kw)
+    if kill_at is not None:
+        train_iter = KillAt(train_iter, kill_at)
+    if wrap_iter is not None:
+        train_iter = wrap_iter(train_iter)
     return train_and_evaluate(
         train_config, workdir, make_model=make_model, loss_fn=loss_fn, eval_fn=eval_fn,
-        train_iter=train_iter if kill_at is None else KillAt(train_iter, kill_at),
-        eval_batches=lambda: eval_batches(data[:2000], num_batches=train_config.eval_batches, **kw),
-        log=log,
+        train_iter=train_iter,
+        eval_batches=lambda: eval_batches(eval_data, num_batches=train_config.eval_batches, **kw),
+        log=log, **loop_kw,
     )
 
 
@@ -131,6 +167,8 @@ if __name__ == "__main__":
     parser.add_argument("num_steps", type=int)
     parser.add_argument("--checkpoint_every", type=int, default=2)
     parser.add_argument("--kill_at", type=int)
+    parser.add_argument("--break_checkpoints_at", type=int)
+    parser.add_argument("--hang_on_save", action="store_true")
     parser.add_argument("--coordinator")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
@@ -140,7 +178,12 @@ if __name__ == "__main__":
     from sparse_attn.train import distributed  # noqa: E402
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=60)
+    def wrap(it):
+        if args.break_checkpoints_at is not None:
+            return BreakCheckpointsAt(it, args.break_checkpoints_at, args.workdir)
+        return HangOnSave(it) if args.hang_on_save else it
+
     summary = run(args.workdir, config(num_steps=args.num_steps, checkpoint_every=args.checkpoint_every),
-                  log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at)
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at, wrap_iter=wrap)
     print(json.dumps({"process": jax.process_index(), "eval": summary["eval"], "train": summary["train"]}),
           flush=True)
