@@ -1,4 +1,4 @@
-"""1 vs 8 devices (data x fsdp) give the same losses; a checkpoint restores onto another device count."""
+"""1 vs 8 devices (data x fsdp) give the same losses; a checkpoint moves 8 -> 1 and 1 -> 8 devices."""
 
 import shutil
 
@@ -15,7 +15,17 @@ def _losses(workdir):
     return np.array([r["loss"] for r in read_metrics(workdir).values()])
 
 
-def test_one_vs_eight_devices_and_restore_onto_one(tmp_path):
+def _finish_from_step_4(source, workdir, config) -> list[str]:
+    """Copy `source`'s checkpoint of step 4 into `workdir` and finish the run there with `config`."""
+    shutil.copytree(source / "checkpoints", workdir / "checkpoints")
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    messages = []
+    tiny.run(str(workdir), config, log=messages.append)
+    assert any("resumed" in m and "step 4" in m for m in messages), messages
+    return messages
+
+
+def test_one_vs_eight_devices_and_restore_across_device_counts(tmp_path):
     config = dict(num_steps=6, checkpoint_every=2, eval_every=6)
     eight = tiny.run(str(tmp_path / "eight"), tiny.config(mesh_fsdp=2, **config))  # mesh 4 x 2
     one = tiny.run(str(tmp_path / "one"), tiny.config(num_devices=1, **config))
@@ -25,11 +35,9 @@ def test_one_vs_eight_devices_and_restore_onto_one(tmp_path):
     np.testing.assert_allclose(losses1, losses8, rtol=0, atol=ATOL)
     assert losses8[-1] < losses8[0]
 
-    # Take the 8-device checkpoint of step 4 and finish the run on 1 device.
-    moved = tmp_path / "moved"
-    shutil.copytree(tmp_path / "eight" / "checkpoints", moved / "checkpoints")
-    shutil.rmtree(moved / "checkpoints" / "6")
-    messages = []
-    tiny.run(str(moved), tiny.config(num_devices=1, **config), log=messages.append)
-    assert any("resumed" in m and "step 4" in m for m in messages), messages
-    np.testing.assert_allclose(_losses(moved), losses8[4:], rtol=0, atol=ATOL)
+    # The 8-device checkpoint of step 4 finished on 1 device, and the 1-device one on 8 (4 x 2).
+    _finish_from_step_4(tmp_path / "eight", tmp_path / "to_one", tiny.config(num_devices=1, **config))
+    np.testing.assert_allclose(_losses(tmp_path / "to_one"), losses8[4:], rtol=0, atol=ATOL)
+    messages = _finish_from_step_4(tmp_path / "one", tmp_path / "to_eight", tiny.config(mesh_fsdp=2, **config))
+    assert any("'devices': 8" in m for m in messages), messages
+    np.testing.assert_allclose(_losses(tmp_path / "to_eight"), losses1[4:], rtol=0, atol=ATOL)
