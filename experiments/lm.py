@@ -9,7 +9,9 @@ the machine was shared with other jobs (load ~12; the run got 52% of the 2 cores
 expect about 2-3 minutes on an idle machine. Result: validation bits per byte 2.158 at step 500 (2.454 at
 step 250; a byte unigram model scores 4.7 and a bigram 3.5 on this corpus). The run is deterministic.
 Outputs in the workdir: `metrics.jsonl`, `loss_curves.png`, `summary.json`, `checkpoints/`. Re-running
-the command resumes from the last checkpoint; a finished run only re-evaluates.
+the command resumes from the last checkpoint; a finished run only re-evaluates. A resume with another
+model, data or schedule is refused naming the fields; `--allow_change train.num_steps` (an fnmatch
+pattern, repeatable) accepts a change on purpose, e.g. extending a run with a longer schedule.
 
 Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
 `ATTENTION_NAMES`: dense, local, longformer, bigbird, labels, abca).
@@ -23,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -143,8 +146,22 @@ def eval_fn(model: TransformerLM, batch: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------- run
 
-def train_and_evaluate(config: LMConfig, workdir: str, log=print) -> dict:
-    """Train (or resume) in `workdir`; write metrics, `summary.json` and `loss_curves.png`."""
+# May differ on resume without --allow_change: the executor computes the same attention (tested
+# against the reference), and CPU configs pin "reference" while accelerators pick the fastest.
+ALWAYS_ALLOWED = ("model.attention*.implementation",)
+
+
+def corpus_fingerprint(corpus) -> dict:
+    """Sizes and CRC-32s of the bytes trained and validated on: a resume on other data is refused."""
+    return {**corpus.summary(), "train_crc32": zlib.crc32(corpus.train_U8.tobytes()),
+            "valid_crc32": zlib.crc32(corpus.valid_U8.tobytes())}
+
+
+def train_and_evaluate(config: LMConfig, workdir: str, log=print, allowed_changes=()) -> dict:
+    """Train (or resume) in `workdir`; write metrics, `summary.json` and `loss_curves.png`.
+
+    `allowed_changes`: config paths (fnmatch patterns) a resume may change, e.g. `train.num_steps`.
+    """
     tc = config.train
     corpus = config.data.load()
     log(f"corpus: {corpus.summary()}")
@@ -156,6 +173,8 @@ def train_and_evaluate(config: LMConfig, workdir: str, log=print) -> dict:
         loss_fn=loss_fn, eval_fn=eval_fn,
         train_iter=RandomWindows(corpus.train_U8, seed=tc.seed, **shard),
         eval_batches=lambda: eval_batches(corpus.valid_U8, num_batches=tc.eval_batches, **shard),
+        experiment={"model": config.model, "data": config.data, "corpus": corpus_fingerprint(corpus)},
+        allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
         log=log,
     )
     summary["corpus"] = corpus.summary()
@@ -209,6 +228,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--attention", help="comma-separated names, one per layer (or one for all)")
     parser.add_argument("--num_steps", type=int)
     parser.add_argument("--text", help="train on this text file or folder instead of the stdlib corpus")
+    parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
+                        help="on resume, accept this config field (fnmatch pattern) differing from the "
+                             "checkpoint's, e.g. train.num_steps to extend a run; repeatable")
     parser.add_argument("--coordinator", help="multi-host: host:port of process 0, or 'auto'")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
@@ -225,7 +247,7 @@ def main(argv=None) -> dict:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
     if args.text:
         config = dataclasses.replace(config, data=TextSource(path=args.text))
-    summary = train_and_evaluate(config, args.workdir)
+    summary = train_and_evaluate(config, args.workdir, allowed_changes=args.allow_change)
     if jax.process_index() == 0:
         print_summary(summary)
     return summary

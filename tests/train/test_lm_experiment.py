@@ -1,4 +1,4 @@
-"""The LM experiment's real entry point: train, resume, summary, loss-curve PNG, metrics files."""
+"""The LM experiment's real entry point: train, exact resume (RoPE on), config checks, summary, PNG, metrics."""
 
 import dataclasses
 import json
@@ -11,7 +11,7 @@ from flax import nnx
 
 from experiments import lm
 from sparse_attn.models import TransformerConfig
-from sparse_attn.train import TrainConfig, read_metrics
+from sparse_attn.train import ConfigMismatchError, TrainConfig, read_metrics
 
 
 def _micro(tmp_path) -> lm.LMConfig:
@@ -19,10 +19,7 @@ def _micro(tmp_path) -> lm.LMConfig:
     for i in range(30):
         (tmp_path / "text").mkdir(exist_ok=True)
         (tmp_path / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
-    # rope_base=None: modules/rope.py broadcasts [B,N,1] * [F] (rank promotion, an error under this
-    # suite's "raise" setting); reported upstream. The LM path under test does not depend on RoPE.
-    attention = tuple(dataclasses.replace(lm.attention_by_name(name, 16), rope_base=None)
-                      for name in ("local", "dense"))
+    attention = tuple(lm.attention_by_name(name, 16) for name in ("local", "dense"))  # RoPE on
     return lm.LMConfig(
         model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
         data=lm.TextSource(path=str(tmp_path / "text")),
@@ -34,9 +31,15 @@ def _micro(tmp_path) -> lm.LMConfig:
 def test_train_resume_summary_and_plot(tmp_path, capsys):
     config = _micro(tmp_path)
     workdir = str(tmp_path / "run")
+    reference = lm.train_and_evaluate(config, str(tmp_path / "ref"), log=lambda m: None)
     short = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=2))
     lm.train_and_evaluate(short, workdir, log=lambda m: None)
-    summary = lm.train_and_evaluate(config, workdir, log=lambda m: None)  # resumes at step 2
+    # Resumes at step 2 (a longer schedule than the checkpoint's, so named explicitly).
+    summary = lm.train_and_evaluate(config, workdir, log=lambda m: None, allowed_changes=["train.num_steps"])
+    # The real TransformerLM with RoPE resumes exactly: same losses and evaluation as one run.
+    ref_losses = {s: r["loss"] for s, r in read_metrics(str(tmp_path / "ref")).items()}
+    assert {s: r["loss"] for s, r in read_metrics(workdir).items()} == ref_losses
+    assert summary["eval"] == reference["eval"]
     assert summary["step"] == 3 and summary["param_count"] > 0
     assert set(summary["memory_mib"]) >= {"argument_mib", "temp_mib"}
     assert sorted(read_metrics(workdir)) == [1, 2, 3]
@@ -54,7 +57,7 @@ def test_train_resume_summary_and_plot(tmp_path, capsys):
 
 def test_every_named_attention_builds_a_causal_lm():
     for name in lm.ATTENTION_NAMES:
-        att = dataclasses.replace(lm.attention_by_name(name, 16), rope_base=None)  # see _micro
+        att = lm.attention_by_name(name, 16)
         config = TransformerConfig(model_dim=32, num_heads=2, num_layers=1, mlp_dim=64, attention=att)
         batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.zeros((2, 16), jnp.int32)}
 
@@ -65,3 +68,19 @@ def test_every_named_attention_builds_a_causal_lm():
         assert loss_shape.shape == () and metrics["bits_per_byte"].shape == (), name
     with pytest.raises(ValueError, match="dense"):
         lm.attention_by_name("nope", 64)
+
+
+def test_cli_resume_refuses_other_attention_or_text(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(lm.CONFIGS, "micro", lambda: _micro(tmp_path))
+    workdir = str(tmp_path / "run")
+    lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2"])
+    (tmp_path / "other.txt").write_text("other text " * 200)
+    with pytest.raises(ConfigMismatchError, match=r"model\.attention\.0\._type: checkpoint 'LocalAttention'"):
+        lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2", "--attention", "dense"])
+    with pytest.raises(ConfigMismatchError, match=r"data\.path: .*other\.txt") as info:
+        lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2", "--text", str(tmp_path / "other.txt")])
+    assert "corpus.train_crc32" in str(info.value)
+    with pytest.raises(ConfigMismatchError, match="train.num_steps: checkpoint 2 != now 3"):
+        lm.main(["--config", "micro", "--workdir", workdir])
+    summary = lm.main(["--config", "micro", "--workdir", workdir, "--allow_change", "train.num_steps"])
+    assert summary["step"] == 3
