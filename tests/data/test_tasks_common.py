@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sparse_attn.data.tasks import Dyck, TaskBatches, batch, batch_indices, eval_batches, patchify
+from sparse_attn.data.tasks import Dyck, Pathfinder, TaskBatches, batch, batch_indices, eval_batches, patchify
 
 
 def small_source(n=10):
@@ -54,3 +54,19 @@ def test_patchify_orders_patches_row_major():
     np.testing.assert_allclose(patches[0] * 15, [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]])
     with pytest.raises(ValueError, match="patches"):
         patchify(np.ones((1, 15), np.int32), height=4, width=4, patch=2, levels=16)
+
+
+def test_tasks_sharing_a_seed_draw_independent_labels():
+    dyck = batch(Dyck(seq_len=32, min_distance=3).source("train"), range(40))["label"]
+    path = batch(Pathfinder(size=16).source("train"), range(40))["label"]
+    assert 0.3 < np.mean(dyck == path) < 0.7
+
+
+def test_stats_script_prints_one_row_per_task(capsys):
+    from sparse_attn.data.tasks import stats
+
+    assert stats.best_threshold_accuracy(np.array([1, 2, 3, 4]), np.array([1, 1, 0, 0])) == 1.0
+    assert stats.best_threshold_accuracy(np.array([1, 1, 1, 1]), np.array([1, 0, 1, 0])) == 0.5
+    stats.main(["--num", "3"])
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 2 + 4 + 3 + 2 and all(r.startswith("| ") for r in rows)

@@ -4,13 +4,15 @@ A task is a frozen, keyword-only config dataclass with `source(split)`. A source
 `__getitem__(i) -> {"inputs": int32[seq_len], "label": int32, "valid_len": int32, ...}` (extra int32 fields
 per task, e.g. Dyck's `distance`) and the attributes `seq_len`, `vocab_size`, `num_classes`, `pad_id`.
 Token 0 is padding in every task. Generated tasks draw example `i` of a split from
-`numpy.random.default_rng([seed, split_id, i])`, so it depends on `(seed, split, i)` only: sources are
-grain/TFDS-style random-access data sources, and a batch order given by indices restarts exactly.
+`numpy.random.default_rng([seed, split_id, i, crc32(task class name)])`, so for a given config it depends on
+`(seed, split, i)` only: sources are grain/TFDS-style random-access data sources, and a batch order given by
+indices restarts exactly.
 """
 
 from __future__ import annotations
 
 import operator
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -56,7 +58,7 @@ def pad_tokens(tokens, seq_len: int) -> np.ndarray:
 
 
 class GeneratedSource:
-    """A split of a generated task: example `i` = `make_example(default_rng([seed, split_id, i]))`."""
+    """A split of a generated task: example `i` = `make_example(default_rng([seed, split_id, i, salt]))`."""
 
     def __init__(self, task, split: str, make_example: Callable[[np.random.Generator], dict[str, Any]],
                  num_examples: int):
@@ -65,6 +67,8 @@ class GeneratedSource:
         self._split_id = split_id(split)
         self._make_example = make_example
         self._len = int(num_examples)
+        # Tasks sharing a seed must not share random streams (their labels would coincide index by index).
+        self._salt = zlib.crc32(type(task).__name__.encode())
         self.seq_len = task.seq_len
         self.vocab_size = task.vocab_size
         self.num_classes = task.num_classes
@@ -75,7 +79,7 @@ class GeneratedSource:
 
     def __getitem__(self, index) -> dict[str, np.ndarray]:
         i = check_index(index, self._len)
-        rng = np.random.default_rng([self.task.seed, self._split_id, i])
+        rng = np.random.default_rng([self.task.seed, self._split_id, i, self._salt])
         return {k: np.asarray(v, dtype=np.int32) for k, v in self._make_example(rng).items()}
 
     def __repr__(self) -> str:

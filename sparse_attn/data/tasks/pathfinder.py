@@ -2,12 +2,13 @@
 
 A `size` x `size` binary image holds two *main* paths of `path_length` steps and `num_distractors` shorter
 paths of `distractor_length` steps. A path is a smooth random walk: unit steps whose heading turns by
-N(0, curvature^2) radians per step, rasterised by rounding (consecutive pixels are 8-neighbours). Paths keep
-one background pixel between each other (no two are 8-adjacent) and stay off the border. Two 3x3 *dots* mark
-path ends: label 1 puts them on the two ends of main path A; label 0 puts one on an end of A and one on an
-end of B (a random end of each); dots never touch each other or another path. Both classes hold the same paths, so pixel counts and path statistics do not tell the label; the
-dot-to-dot distance does somewhat (ends of one curved path vs. ends of two paths), and is returned as
-`dot_distance` (rounded Euclidean, pixels) so its shortcut accuracy can be measured (docs/tasks.md).
+N(0, curvature^2) radians per step, rasterised by rounding (consecutive pixels are 8-neighbours), bending
+away from obstacles (see `_walk`). Paths keep one background pixel between each other (no two are
+8-adjacent) and stay off the border. Two 3x3 *dots* mark path ends: label 1 puts them on the two ends of
+main path A; label 0 on one end of A and one of B (random ends); dots never touch each other or another
+path. Both classes hold the same paths, so pixel counts and path statistics do not tell the label; the
+dot-to-dot distance could (ends of one path vs. ends of two), so it is returned as `dot_distance` (rounded
+Euclidean, pixels) and its shortcut accuracy is measured in docs/tasks.md (~53%).
 
 Label = connectivity: the two dots lie in one 8-connected component of non-background pixels. Every image is
 checked by a flood fill (the paths form exactly 2 + num_distractors components) and redrawn otherwise.
@@ -27,8 +28,6 @@ from sparse_attn.data.tasks.common import GeneratedSource
 BACKGROUND, PATH, DOT = 1, 2, 3
 MAX_IMAGE_ATTEMPTS = 1000
 MAX_PATH_ATTEMPTS = 20
-
-
 STEER = (0.0, 0.5, -0.5, 1.0, -1.0, 1.5, -1.5, 2.0, -2.0)  # heading offsets tried at an obstacle
 
 
