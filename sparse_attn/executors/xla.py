@@ -215,7 +215,7 @@ def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
     idx = jnp.broadcast_to(idx, (b, g) + idx.shape[2:])
     bi = jnp.arange(b).reshape(-1, 1, 1, 1, 1)
     gi = jnp.arange(g).reshape(1, -1, 1, 1, 1)
-    kg = k.transpose(0, 2, 1, 3)[bi, gi, idx]  # [B, G, R', N, K, D]
+    kg = k.transpose(0, 2, 1, 3)[bi, gi, idx]  # [B, G, R', N, K, D] (an index outside [0, N) is clamped: invalid)
     vg = v.transpose(0, 2, 1, 3)[bi, gi, idx]
     if kg.shape[2] == 1:
         s = jnp.einsum("bgrnd,bgnkd->bgrnk", q_, kg[:, :, 0], preferred_element_type=jnp.float32)
@@ -224,7 +224,7 @@ def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
     s = s * scale
     if nl.bias is not None:
         s = s + _split_heads(nl.bias.astype(jnp.float32), h, g)
-    e, denom, lse = masked_softmax_parts(s, _split_heads(nl.valid, h, g))
+    e, denom, lse = masked_softmax_parts(s, _split_heads(nl.slot_valid(), h, g))
     if vg.shape[2] == 1:
         out = jnp.einsum("bgrnk,bgnkd->bgrnd", e, vg[:, :, 0].astype(jnp.float32))
     else:

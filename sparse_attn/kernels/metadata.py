@@ -92,8 +92,9 @@ def lead_shape(mask: Intervals, random_blocks: jax.Array | None) -> tuple[int, i
 def token_meta(mask: Intervals, lead: tuple[int, int], n_pad: int) -> TokenMeta:
     n = mask.num_tokens
     pad = n_pad - n
-    lo = jnp.pad(jnp.broadcast_to(mask.lo, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=1)
-    hi = jnp.pad(jnp.broadcast_to(mask.hi, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=0)
+    lo, hi = mask.bounds()  # cut to the declared reach (part of the element rule)
+    lo = jnp.pad(jnp.broadcast_to(lo, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=1)
+    hi = jnp.pad(jnp.broadcast_to(hi, lead + (n,)), ((0, 0), (0, 0), (0, pad)), constant_values=0)
     pos = jnp.arange(n, dtype=jnp.int32)[None]
     valid = jnp.ones((1, n), bool) if mask.valid_len is None else pos < mask.valid_len.reshape(-1, 1)
     tok = valid.astype(jnp.int32) * VALID

@@ -171,8 +171,9 @@ def classify_blocks(
     vl_b = vl.reshape(-1, 1, 1, 1)
 
     row = jnp.arange(nqb * block_q, dtype=jnp.int32).reshape(1, 1, nqb, block_q)
-    lo = jnp.pad(mask.lo, ((0, 0), (0, 0), (0, pad)), constant_values=1).reshape(mask.lo.shape[:2] + (nqb, block_q))
-    hi = jnp.pad(mask.hi, ((0, 0), (0, 0), (0, pad)), constant_values=0).reshape(lo.shape)
+    lo, hi = mask.bounds()  # cut to the declared reach, as the element rule does
+    lo = jnp.pad(lo, ((0, 0), (0, 0), (0, pad)), constant_values=1).reshape(lo.shape[:2] + (nqb, block_q))
+    hi = jnp.pad(hi, ((0, 0), (0, 0), (0, pad)), constant_values=0).reshape(lo.shape)
     row_valid = row < vl.reshape(-1, 1, 1, 1)  # [B|1, 1, Qb, bq]
     live = (lo <= hi) & row_valid
     min_lo = jnp.min(jnp.where(live, lo, _BIG), axis=-1)[..., None]

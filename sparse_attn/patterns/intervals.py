@@ -25,8 +25,10 @@ class Intervals:
       global_tokens: bool[B|1, N] tokens that attend every key and are attended by every query.
       label_bits: uint32[B|1, H|1, N, W] label sets as bitmasks (W words of 32 labels).
       causal: static; keys after the query are excluded from every clause.
-      reach: static (left, right) with lo[i] >= i - left and hi[i] <= i + right on non-empty rows, or None
-        (unbounded). Executors with static shapes size their key-block lists from it.
+      reach: static (left, right) or None (unbounded). Part of the rule: row i's range is [lo[i], hi[i]]
+        intersected with [i - left, i + right] (`bounds`) in `to_dense` and every executor, so a range that exceeds
+        its reach under jit (where `validate` cannot see it) is cut the same way everywhere. Executors with static
+        shapes size their key-block lists from it; `validate` rejects concrete ranges that exceed it.
       max_global: static upper bound on the number of global tokens per sequence.
     """
 
@@ -94,6 +96,14 @@ class Intervals:
 
     # -- the element rule -------------------------------------------------------------------------------------
 
+    def bounds(self) -> tuple[jax.Array, jax.Array]:
+        """(lo, hi) int32[B|1, H|1, N]: the ranges cut to the declared reach (unchanged when reach is None)."""
+        if self.reach is None:
+            return self.lo, self.hi
+        left, right = self.reach
+        i = jnp.arange(self.num_tokens, dtype=jnp.int32).reshape(1, 1, -1)
+        return jnp.maximum(self.lo, i - left), jnp.minimum(self.hi, i + right)
+
     def allowed(self, q_pos: jax.Array, k_pos: jax.Array, *, interval_only: bool = False) -> jax.Array:
         """bool[B', H', X, Q, K] for q_pos int32[B|1, H|1, X, Q] and k_pos int32[B|1, H|1, X, K].
 
@@ -102,8 +112,9 @@ class Intervals:
         x, nq, nk = q_pos.shape[2], q_pos.shape[3], k_pos.shape[3]
         flat_q = q_pos.reshape(q_pos.shape[:2] + (x * nq,))
         lead_q = jnp.broadcast_shapes(self.lo.shape[:2], q_pos.shape[:2])
-        lo = common.take_tokens(self.lo, flat_q).reshape(lead_q + (x, nq, 1))
-        hi = common.take_tokens(self.hi, flat_q).reshape(lead_q + (x, nq, 1))
+        lo, hi = self.bounds()
+        lo = common.take_tokens(lo, flat_q).reshape(lead_q + (x, nq, 1))
+        hi = common.take_tokens(hi, flat_q).reshape(lead_q + (x, nq, 1))
         qi = q_pos[..., :, None]
         kj = k_pos[..., None, :]
         ok = (lo <= kj) & (kj <= hi)

@@ -14,7 +14,10 @@ from sparse_attn.patterns import common
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class NeighbourList:
-    """Query i may attend key idx[i, s] for every slot s with valid[i, s].
+    """Query i may attend key idx[i, s] for every slot s with valid[i, s] and 0 <= idx[i, s] < N.
+
+    A slot whose index lies outside [0, N) is invalid in every executor (`slot_valid`), also under jit where
+    `validate` cannot see the values (it raises on concrete arrays).
 
     Attributes:
       idx: int32[B|1, H|1, N, K] key indices; valid slots of one row must be distinct.
@@ -55,11 +58,16 @@ class NeighbourList:
                 raise ValueError("NeighbourList: a row lists the same key twice in valid slots")
         return self
 
+    def slot_valid(self) -> jax.Array:
+        """bool[B|1, H|1, N, K]: `valid` and the index lies in [0, N) (gathers would clamp it otherwise)."""
+        return self.valid & (self.idx >= 0) & (self.idx < self.num_tokens)
+
     def dense_bias(self) -> jax.Array:
         """float32[B|1, H|1, N, N]: the slot biases at their keys, -inf where not allowed."""
         n = self.num_tokens
         bias = jnp.zeros(self.idx.shape, jnp.float32) if self.bias is None else self.bias.astype(jnp.float32)
-        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)) & self.valid[..., None]
+        keys = jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)
+        onehot = (self.idx[..., None] == keys) & self.slot_valid()[..., None]
         hit = jnp.any(onehot, axis=-2)
         val = jnp.sum(jnp.where(onehot, bias[..., None], 0.0), axis=-2)
         return jnp.where(hit, val, -jnp.inf)
@@ -67,5 +75,6 @@ class NeighbourList:
     def to_dense(self) -> jax.Array:
         """bool[B|1, H|1, N, N]: the oracle mask."""
         n = self.num_tokens
-        onehot = (self.idx[..., None] == jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)) & self.valid[..., None]
+        keys = jnp.arange(n, dtype=self.idx.dtype).reshape(1, 1, 1, 1, n)
+        onehot = (self.idx[..., None] == keys) & self.slot_valid()[..., None]
         return jnp.any(onehot, axis=-2)
