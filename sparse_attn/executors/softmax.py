@@ -1,4 +1,10 @@
-"""Masked softmax with the library's semantics: empty rows give 0 and lse -inf, masked keys get zero gradient."""
+"""Masked softmax with the library's semantics: empty rows give 0 and lse -inf, masked keys get zero gradient.
+
+Non-finite inputs (docs/architecture.md, "Non-finite values"): executors multiply only *sanitised* q, k, v (NaN and
+infinities replaced by 0, `sanitize`) so that a pair the pattern excludes can never form 0 * NaN in a matmul or
+its transpose, and add a per-token `poison` term (0, or NaN for a token with a non-finite entry) to the logits, so
+that the rows that may attend such a token - and only they - still turn NaN.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,30 @@ import jax
 import jax.numpy as jnp
 
 
+def sanitize(x: jax.Array, *others: jax.Array) -> tuple[jax.Array, ...]:
+    """(clean x, *clean others, poison): non-finite entries replaced by 0, and float32 poison [...] (x without its
+    last axis): 0 where every entry of x (and of the others) at that position is finite, NaN elsewhere.
+
+    `poison` carries no gradient; the clean arrays pass gradients through their finite entries only.
+    """
+    cleans, ok = [], None
+    for y in (x,) + others:
+        fin = jnp.isfinite(y)
+        cleans.append(jnp.where(fin, y, jnp.zeros((), y.dtype)))
+        row = jnp.all(fin, axis=-1)
+        ok = row if ok is None else ok & row
+    return (*cleans, jnp.where(ok, 0.0, jnp.nan).astype(jnp.float32))
+
+
 def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):
     """(e, denom, lse): unnormalised weights, the row sums to divide by (1 on empty rows), and log-sum-exp.
 
     Callers contract `e` with V first and divide the small result by `denom`, so the normalised [.., Q, K]
     probabilities are never materialised (one fewer score-sized buffer in forward and backward).
-    A masked logit becomes -inf before `exp`: its weight and its gradient are exactly 0. The row maximum is
-    replaced by 0 on empty rows so that no `-inf - -inf` NaN can appear.
+    A masked logit becomes -inf before `exp` (a select: any value there, NaN included, is dropped): its weight
+    and its gradient are exactly 0. The row maximum is replaced by 0 on empty rows so that no `-inf - -inf` NaN can
+    appear. A NaN among a row's allowed logits makes its lse NaN (its denominator stays 1, so the NaN reaches
+    only the output of that row, never a masked pair's gradient).
     """
     s = jnp.where(allowed, s_f32, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(s, axis=axis, keepdims=True))
@@ -21,7 +44,8 @@ def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):
     l = jnp.sum(e, axis=axis, keepdims=True)
     alive = l > 0
     denom = jnp.where(alive, l, 1.0)
-    lse = jnp.where(alive, m + jnp.log(denom), -jnp.inf)
+    dead = jnp.where(jnp.isnan(l), jnp.nan, -jnp.inf)
+    lse = jnp.where(alive, m + jnp.log(denom), dead)
     return e, denom, jnp.squeeze(lse, axis)
 
 
@@ -29,3 +53,8 @@ def masked_softmax(s_f32: jax.Array, allowed: jax.Array, axis: int = -1) -> tupl
     """(p, lse): p sums to 1 on rows with an allowed key and is 0 elsewhere; lse is -inf there."""
     e, denom, lse = masked_softmax_parts(s_f32, allowed, axis)
     return e / denom, lse
+
+
+def zero_empty_rows(out: jax.Array, lse: jax.Array) -> jax.Array:
+    """out (0 already) on rows with lse -inf, through a select: their cotangent, whatever it is, is dropped."""
+    return jnp.where(jnp.isneginf(lse)[..., None], jnp.zeros((), out.dtype), out)

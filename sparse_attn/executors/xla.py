@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax_parts
+from sparse_attn.executors.softmax import masked_softmax_parts, sanitize, zero_empty_rows
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.common import take_tokens
 from sparse_attn.patterns.intervals import Intervals
@@ -23,17 +23,25 @@ DEFAULT_BLOCK = 64
 
 
 def xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, block: int | None = None):
-    """Returns (out[B, N, H, D], lse[B, N, H])."""
+    """Returns (out[B, N, H, D], lse[B, N, H]).
+
+    Only sanitised q/k/v enter the einsums; per-token poison terms on the logits send a non-finite value to exactly
+    the rows that may attend it (`softmax.sanitize`).
+    """
+    q, poison_q = sanitize(q_BxNxHxD)
+    k, v, poison_kv = sanitize(k_BxNxGxD, v_BxNxGxD)
+    poisons = (poison_q, poison_kv)
     if isinstance(pattern, NeighbourList):
-        return _neighbour_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
+        out, lse = _neighbour_attention(q, k, v, poisons, pattern, scale)
+        return zero_empty_rows(out, lse), lse
     layout = pattern if isinstance(pattern, BlockLayout) else None
     mask = pattern if layout is None else pattern.mask
-    n = q_BxNxHxD.shape[1]
+    n = q.shape[1]
     blk = layout.block_q if layout is not None else min(block or DEFAULT_BLOCK, n)
-    out, lse = _band_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, mask, layout, blk, scale)
+    out, lse = _band_attention(q, k, v, poisons, mask, layout, blk, scale)
     if mask.global_tokens is not None:
-        out, lse = _global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
-    return out, lse
+        out, lse = _global_rows(q, k, v, poisons, pattern, scale, out, lse)
+    return zero_empty_rows(out, lse), lse
 
 
 def band_shape(mask: Intervals, block: int) -> tuple[int, int]:
@@ -64,7 +72,7 @@ def _allowed(mask: Intervals, layout: BlockLayout | None, q_pos, k_pos):
     return mask.allowed(q_pos, k_pos) if layout is None else layout.allowed(q_pos, k_pos)
 
 
-def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float):
+def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float):
     b, n, h, d = q.shape
     g = k.shape[2]
     nb = math.ceil(n / blk)
@@ -72,20 +80,24 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
     q_ = jnp.pad(q, pad).reshape(b, nb, blk, g, h // g, d).transpose(0, 3, 4, 1, 2, 5)  # [B, G, R, Qb, bq, D]
     k_ = jnp.pad(k, pad).reshape(b, nb, blk, g, d).transpose(0, 3, 1, 2, 4)  # [B, G, Kb, bk, D]
     v_ = jnp.pad(v, pad).reshape(b, nb, blk, g, d).transpose(0, 3, 1, 2, 4)
+    poison_q, poison_kv = poisons  # [B, N, H], [B, N, G]: 0 or NaN
+    pq_ = jnp.pad(poison_q, pad[:3]).reshape(b, nb, blk, g, h // g).transpose(0, 3, 4, 1, 2)  # [B, G, R, Qb, bq]
+    pk_ = jnp.pad(poison_kv, pad[:3]).reshape(b, nb, blk, g, 1).transpose(0, 3, 1, 2, 4)  # [B, G, Kb, bk, 1]
     q_pos = jnp.arange(nb * blk, dtype=jnp.int32).reshape(1, 1, nb, blk)
 
     first, width = band_shape(mask, blk)
     if first < 0:  # every key block: attend the contiguous keys, no copies
         kb = k_.reshape(b, g, 1, nb * blk, d)
         vb = v_.reshape(b, g, 1, nb * blk, d)
+        pb = pk_.reshape(b, g, 1, nb * blk, 1)
         k_pos = jnp.broadcast_to(jnp.arange(nb * blk, dtype=jnp.int32), (1, 1, nb, nb * blk))
         in_band = None
     else:
-        kb, vb = (_band(x, first, width) for x in (k_, v_))  # [B, G, Qb, C*bk, D]
+        kb, vb, pb = (_band(x, first, width) for x in (k_, v_, pk_))  # [B, G, Qb, C*bk, D|1]
         start = (jnp.arange(nb, dtype=jnp.int32) - first) * blk
         k_pos = (start[:, None] + jnp.arange(width * blk, dtype=jnp.int32)[None]).reshape(1, 1, nb, width * blk)
         in_band = (start, start + width * blk)
-    parts_k, parts_v, parts_ok = [kb], [vb], []
+    parts_k, parts_v, parts_p, parts_ok = [kb], [vb], [pb], []
     ok = _allowed(mask, layout, q_pos, k_pos) & ((k_pos >= 0) & (k_pos < n))[..., None, :]
     parts_ok.append(ok)
 
@@ -94,10 +106,12 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
         gk_pos = _global_positions(mask, b, n)  # [B, M]
         gk = _take_rows(k, gk_pos).transpose(0, 2, 1, 3)[:, :, None]  # [B, G, 1, M, D]
         gv = _take_rows(v, gk_pos).transpose(0, 2, 1, 3)[:, :, None]
+        gp = _take_rows(poison_kv[..., None], gk_pos).transpose(0, 2, 1, 3)[:, :, None]
         pos = jnp.broadcast_to(gk_pos[:, None, None, :], (b, 1, nb, gk_pos.shape[1]))
         ok = _allowed(mask, layout, q_pos, pos) & _outside(pos, in_band)[..., None, :] & (pos < n)[..., None, :]
         parts_k.append(jnp.broadcast_to(gk, (b, g, nb) + gk.shape[3:]))
         parts_v.append(jnp.broadcast_to(gv, (b, g, nb) + gv.shape[3:]))
+        parts_p.append(jnp.broadcast_to(gp, (b, g, nb) + gp.shape[3:]))
         parts_ok.append(ok)
     if in_band is not None and layout is not None and layout.random_blocks is not None and layout.max_random:
         # Random blocks outside the band (BigBird): gathered per query block from the layout's lists.
@@ -111,7 +125,7 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
         )
         ridx = rl.kv_idx[:, 0]  # [B', Qb, R]  (random blocks are shared by heads)
         cnt = rl.kv_count[:, 0]
-        rk, rv = (_gather_blocks(x, ridx) for x in (k_, v_))  # [B, G, Qb, R*bk, D]
+        rk, rv, rp = (_gather_blocks(x, ridx) for x in (k_, v_, pk_))  # [B, G, Qb, R*bk, D|1]
         pos = (ridx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32).reshape(1, 1, 1, blk)).reshape(ridx.shape[:2] + (-1,))[:, None]
         slot = jnp.repeat(jnp.arange(layout.max_random).reshape(1, 1, -1) < cnt[..., None], blk, axis=-1)[:, None]
         ok = layout.allowed(q_pos, pos) & (_outside(pos, in_band) & slot & (pos < n))[..., None, :]
@@ -122,9 +136,12 @@ def _band_attention(q, k, v, mask: Intervals, layout: BlockLayout | None, blk: i
             ok = ok & ~(is_g & _outside(pos, in_band))[..., None, :]
         parts_k.append(rk)
         parts_v.append(rv)
+        parts_p.append(rp)
         parts_ok.append(ok)
 
     s = jnp.concatenate([_scores(q_, x) for x in parts_k], axis=-1) * scale
+    pk = jnp.concatenate(parts_p, axis=-2)[..., 0]  # [B, G, Qb|1, K]
+    s = s + pq_[..., None] + pk[:, :, None, :, None, :]
     lead = jnp.broadcast_shapes(*(o.shape[:2] for o in parts_ok))
     ok = jnp.concatenate([jnp.broadcast_to(o, lead + (nb, blk, o.shape[-1])) for o in parts_ok], axis=-1)
     ok = _split_heads(ok, h, g)
@@ -186,7 +203,7 @@ def _values(e_BxGxRxQxIxK, v_BxGxQpxKxD):
     return jnp.einsum("bgrqik,bgqkd->bgrqid", e_BxGxRxQxIxK, v)
 
 
-def _global_rows(q, k, v, pattern, scale: float, out, lse):
+def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse):
     """Global query rows attend every key: a small dense pass over at most `max_global` rows per sequence."""
     b, n, h, d = q.shape
     g = k.shape[2]
@@ -194,6 +211,9 @@ def _global_rows(q, k, v, pattern, scale: float, out, lse):
     rows = _global_positions(mask, b, n)  # [B, M]
     qg = _take_rows(q, rows).reshape(b, -1, g, h // g, d)
     s = jnp.einsum("bmgrd,bkgd->bgrmk", qg, k, preferred_element_type=jnp.float32) * scale
+    poison_q, poison_kv = poisons
+    pq = _take_rows(poison_q[..., None], rows)[..., 0].reshape(b, -1, g, h // g).transpose(0, 2, 3, 1)  # [B,G,R,M]
+    s = s + pq[..., None] + poison_kv.transpose(0, 2, 1)[:, :, None, None, :]
     q_pos = rows.reshape(b, 1, 1, -1)
     k_pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, 1, n)
     ok = pattern.allowed(q_pos, k_pos)[:, :, 0] & (rows < n).reshape(b, 1, -1, 1)  # [B, H'', M, N]
@@ -207,7 +227,7 @@ def _global_rows(q, k, v, pattern, scale: float, out, lse):
     return out, lse
 
 
-def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
+def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
     b, n, h, d = q.shape
     g = k.shape[2]
     q_ = q.reshape(b, n, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [B, G, R, N, D]
@@ -222,6 +242,9 @@ def _neighbour_attention(q, k, v, nl: NeighbourList, scale: float):
     else:
         s = jnp.einsum("bgrnd,bgrnkd->bgrnk", q_, kg, preferred_element_type=jnp.float32)
     s = s * scale
+    poison_q, poison_kv = poisons
+    s = s + poison_q.reshape(b, n, g, h // g).transpose(0, 2, 3, 1)[..., None]
+    s = s + poison_kv.transpose(0, 2, 1)[bi, gi, idx]
     if nl.bias is not None:
         s = s + _split_heads(nl.bias.astype(jnp.float32), h, g)
     e, denom, lse = masked_softmax_parts(s, _split_heads(nl.slot_valid(), h, g))

@@ -86,6 +86,7 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, 
     else:
         q_ref, k_ref, v_ref, o_ref, lse_ref = rest
     qs = [q_ref[:, r, :] for r in range(rp)]
+    c = scale * tiles.LOG2E
 
     def step(t, carry, idx_ref, masked):
         kb = idx_ref[bm, hm, i, t]
@@ -93,21 +94,26 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, 
         k = k_ref[pl.ds(k0, bk), :]
         v = v_ref[pl.ds(k0, bk), :]
         ok = None
+        k_mm = k  # dQ's matmul operand
         if masked:
             k_tok, k_lab = _k_side(tok_ref, lab_ref, bm, hm, k0, bk, 0)
             flag = kv_rand[bm, hm, i, t] if rand else None
             ok = tiles.tile_mask(
                 q0, k0, (bq, bk), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=False
             )
+            if do_bwd:
+                k_mm = tiles.finite_or_zero(k)
+            else:
+                k, v = tiles.poison_keys(k, v)
         out = []
         for r in range(rp):
-            s2 = tiles.masked_logits(tiles.dot(qs[r], k, tiles.NT) * (scale * tiles.LOG2E), ok)
+            s = tiles.dot(qs[r], k, tiles.NT)  # raw logits
             if do_bwd:
-                pr = jnp.exp2(s2 - lse2[r])
-                ds = pr * (tiles.dot(dos[r], v, tiles.NT) - delta[r])
-                out.append(carry[r] + tiles.dot(ds.astype(k.dtype), k))
+                pr = jnp.exp2(s * c - lse2[r])
+                ds = tiles.select(ok, pr * (tiles.dot(dos[r], v, tiles.NT) - delta[r]))
+                out.append(carry[r] + tiles.dot(ds.astype(k.dtype), k_mm))
             else:
-                out.append(tiles.online_update(*carry[r], s2, v, masked=masked))
+                out.append(tiles.online_update(*carry[r], tiles.masked_logits(s, ok), v, c=c, masked=masked))
         return tuple(out)
 
     if do_bwd:
@@ -123,7 +129,7 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, 
         if do_bwd:
             dq_ref[:, r, :] = (carry[r] * scale).astype(dq_ref.dtype)
         else:
-            out, lse = tiles.finalize(*carry[r])
+            out, lse = tiles.finalize(*carry[r], c)
             o_ref[:, r, :] = out.astype(o_ref.dtype)
             lse_ref[r, :] = lse[:, 0]
 
@@ -237,17 +243,19 @@ def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, rand):
             q = q_ref[sl, h, :]
             do = do_ref[sl, h, :]
             s2t = tiles.dot(k, q, tiles.NT) * (scale * tiles.LOG2E)  # [bk, bq]: keys down
+            ok = None
+            q_mm = q  # dK's matmul operand
             if masked:
                 lo, hi, q_tok, q_lab = _q_side(lo_ref, hi_ref, tok_ref, lab_ref, bm, hm, q0, bq, 0)
                 flag = q_rand[bm, hm, j, t] if rand else None
                 ok = tiles.tile_mask(
                     q0, k0, (bk, bq), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=True
                 )
-                s2t = jnp.where(ok, s2t, -jnp.inf)
-            pt = jnp.exp2(s2t - tiles.lse2(lse_ref[h, sl])[None, :])
+                q_mm = tiles.finite_or_zero(q)
+            pt = tiles.select(ok, jnp.exp2(s2t - tiles.lse2(lse_ref[h, sl])[None, :]))
             dpt = tiles.dot(v, do, tiles.NT)
-            dst = pt * (dpt - delta_ref[h, sl][None, :])
-            return dk + tiles.dot(dst.astype(q.dtype), q), dv + tiles.dot(pt.astype(do.dtype), do)
+            dst = tiles.select(ok, pt * (dpt - delta_ref[h, sl][None, :]))
+            return dk + tiles.dot(dst.astype(q.dtype), q_mm), dv + tiles.dot(pt.astype(do.dtype), do)
 
         carry = jax.lax.fori_loop(0, q_count[bm, hm, j], functools.partial(step, idx_ref=q_idx, masked=True), carry)
         carry = jax.lax.fori_loop(

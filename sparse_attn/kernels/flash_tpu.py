@@ -120,20 +120,28 @@ def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels,
             m_scr[...] = jnp.full_like(m_scr, -jnp.inf)
             l_scr[...] = jnp.zeros_like(l_scr)
 
+    c = scale * tiles.LOG2E
+
     def body(masked):
         k, v = k_ref[...], v_ref[...]
         ok = None
+        k_mm = k  # dQ's matmul operand
         if masked:
             flag = rand_ref[pos] if rand else None
             ok = _mask(meta_refs, labels, i * bq, idx_ref[pos] * bk, (bq, bk), flag, causal, False)
-        for r in range(rp):
-            s2 = tiles.masked_logits(tiles.dot(q_ref[r], k, tiles.NT) * (scale * tiles.LOG2E), ok)
             if do_bwd:
-                pr = jnp.exp2(s2 - tiles.lse2(lse_ref[r]))
-                ds = pr * (tiles.dot(do_ref[r], v, tiles.NT) - delta_ref[r])
-                acc_scr[r] = acc_scr[r] + tiles.dot(ds.astype(k.dtype), k)
+                k_mm = tiles.finite_or_zero(k)
             else:
-                m, l, acc = tiles.online_update(m_scr[r], l_scr[r], acc_scr[r], s2, v, masked=masked)
+                k, v = tiles.poison_keys(k, v)
+        for r in range(rp):
+            s = tiles.dot(q_ref[r], k, tiles.NT)  # raw logits
+            if do_bwd:
+                pr = jnp.exp2(s * c - tiles.lse2(lse_ref[r]))
+                ds = tiles.select(ok, pr * (tiles.dot(do_ref[r], v, tiles.NT) - delta_ref[r]))
+                acc_scr[r] = acc_scr[r] + tiles.dot(ds.astype(k.dtype), k_mm)
+            else:
+                s = tiles.masked_logits(s, ok)
+                m, l, acc = tiles.online_update(m_scr[r], l_scr[r], acc_scr[r], s, v, c=c, masked=masked)
                 m_scr[r], l_scr[r], acc_scr[r] = m, l, acc
 
     run = t < count_ref[row]
@@ -146,7 +154,7 @@ def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels,
             if do_bwd:
                 dq_ref[r] = (acc_scr[r] * scale).astype(dq_ref.dtype)
             else:
-                out, lse = tiles.finalize(m_scr[r], l_scr[r], acc_scr[r])
+                out, lse = tiles.finalize(m_scr[r], l_scr[r], acc_scr[r], c)
                 o_ref[r] = out.astype(o_ref.dtype)
                 lse_ref[r] = lse
 
@@ -231,13 +239,15 @@ def _kv_kernel(*refs, scale, bq, bk, r, g, hmax, bmax, kb, cap, causal, labels, 
     def body(masked):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
         s2t = tiles.dot(k, q, tiles.NT) * (scale * tiles.LOG2E)  # [bk, bq]: keys down
+        ok = None
+        q_mm = q  # dK's matmul operand
         if masked:
             flag = rand_ref[pos] if rand else None
             ok = _mask(meta_refs, labels, idx_ref[pos] * bq, j * bk, (bk, bq), flag, causal, True)
-            s2t = jnp.where(ok, s2t, -jnp.inf)
-        pt = jnp.exp2(s2t - tiles.lse2(lse_ref[...]))
-        dst = pt * (tiles.dot(v, do, tiles.NT) - delta_ref[...])
-        dk_scr[...] = dk_scr[...] + tiles.dot(dst.astype(q.dtype), q)
+            q_mm = tiles.finite_or_zero(q)
+        pt = tiles.select(ok, jnp.exp2(s2t - tiles.lse2(lse_ref[...])))
+        dst = tiles.select(ok, pt * (tiles.dot(v, do, tiles.NT) - delta_ref[...]))
+        dk_scr[...] = dk_scr[...] + tiles.dot(dst.astype(q.dtype), q_mm)
         dv_scr[...] = dv_scr[...] + tiles.dot(pt.astype(do.dtype), do)
 
     run = t < count_ref[row]

@@ -1,8 +1,17 @@
 """Per-tile math shared by the Triton and Mosaic kernels (plain jnp on loaded tiles; no refs, no platform calls).
 
-Logits are kept in base 2 (`scale * log2(e)` folded into one multiply, then `exp2`), as FlashAttention does; the
-log-sum-exp leaves the kernels in natural log. Masked logits are -inf and never produce NaN: the running max of
-a row that has seen no key is replaced by 0 before it is subtracted.
+The forward keeps raw logits s = q.k and its running max m in the same units and exponentiates
+`exp2((s - m) * c)` with c = scale * log2(e) (> 0; the wrapper folds a sign into q): s is one materialised value,
+so at the row maximum the exponent is exactly 0 whatever the compiler fuses (scaling first, `exp2(s*c - m)` can
+become `fma(s, c, -m)` and turn into exp2(+-hundreds) for logits ~1e10). The log-sum-exp leaves the kernels in
+natural log; the backward recomputes p = exp2(s*c - lse2). Masked logits are -inf and never produce NaN: the
+running max of a row that has seen no key is replaced by 0 before it is subtracted.
+
+Non-finite values in masked tiles (docs/architecture.md): excluded pairs are removed by selects, never by a
+multiply with 0, and the operands of the matmuls whose excluded products could be 0 * NaN are sanitised per tile
+(O(tile x D) elementwise beside O(tile x tile x D) matmuls): `poison_keys` (forward: V, with its non-finiteness
+moved onto K's logit so that only the rows that attend the key turn NaN) and `finite_or_zero` (dQ: K, dK: Q).
+Full tiles contain allowed pairs only and are untouched.
 """
 
 from __future__ import annotations
@@ -50,23 +59,24 @@ def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, 
     return ok
 
 
-def online_update(m, l, acc, s2, v, *, masked: bool):
-    """One step of the online softmax on base-2 logits s2 [bq, bk]; m, l: [bq, 1], acc: [bq, D] float32."""
-    m_new = jnp.maximum(m, jnp.max(s2, axis=1, keepdims=True))
+def online_update(m, l, acc, s, v, *, c: float, masked: bool):
+    """One step of the online softmax on raw logits s [bq, bk] (weights exp2((s - m) * c)); m (raw units), l:
+    [bq, 1], acc: [bq, D] float32."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     # A row that has seen no allowed key keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
-    alpha = jnp.exp2(m - m_use)
-    p = jnp.exp2(s2 - m_use)
+    alpha = jnp.exp2((m - m_use) * c)
+    p = jnp.exp2((s - m_use) * c)
     l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
     acc = alpha * acc + dot(p.astype(v.dtype), v)
     return m_new, l, acc
 
 
-def finalize(m, l, acc):
+def finalize(m, l, acc, c: float):
     """(out [bq, D] float32, lse [bq, 1] natural log): 0 and -inf on rows with no allowed key."""
     empty = l == 0.0
     out = acc / jnp.where(empty, 1.0, l)
-    lse = jnp.where(empty, -jnp.inf, (m + jnp.log2(jnp.where(empty, 1.0, l))) / LOG2E)
+    lse = jnp.where(empty, -jnp.inf, (m * c + jnp.log2(jnp.where(empty, 1.0, l))) / LOG2E)
     return out, lse
 
 
@@ -77,3 +87,27 @@ def lse2(lse):
 
 def masked_logits(s, ok):
     return s if ok is None else jnp.where(ok, s, -jnp.inf)
+
+
+def select(ok, x):
+    """x where the pair is allowed, exactly 0 elsewhere (whatever x holds there: NaN from excluded inputs, or from a
+    poisoned row's lse/delta); ok None (full tile) keeps x."""
+    return x if ok is None else jnp.where(ok, x, 0.0)
+
+
+def _nonfinite(x):
+    """float32 0 where x is finite, NaN where it is not (x * 0), elementwise."""
+    return x.astype(jnp.float32) * 0.0
+
+
+def finite_or_zero(x):
+    """x with non-finite entries replaced by 0: the operand of a matmul whose excluded products must stay 0."""
+    return jnp.where(_nonfinite(x) == 0.0, x, jnp.zeros((), x.dtype))
+
+
+def poison_keys(k, v):
+    """(k', v') for a masked forward tile [bk, D]: a key whose value row has a non-finite entry gets a NaN key row
+    (its logit turns NaN for every query, and the mask keeps it only for the rows that attend it) and a zero value
+    row (so p = 0 times it stays 0 for the rows that do not)."""
+    z = jnp.sum(_nonfinite(v), axis=1, keepdims=True)  # [bk, 1]: 0, or NaN
+    return k + z.astype(k.dtype), jnp.where(z == 0.0, v, jnp.zeros((), v.dtype))

@@ -16,7 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
 from sparse_attn.executors.xla import xla_attention
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
@@ -66,26 +66,36 @@ def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, 
     # Triton tiles need power-of-two extents: zero columns change no logit (scale is explicit) and are sliced off.
     d_pad = max(16, 1 << (d - 1).bit_length()) if cfg.backend == "triton" else d
     pad = ((0, 0), (0, n_pad - n), (0, 0), (0, d_pad - d))
-    q, k, v = (jnp.pad(x, pad) for x in (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
+    # The kernels take c = scale * log2(e) > 0 (their running max is in raw logit units): a sign goes into q.
+    q_in, kernel_scale = q_BxNxHxD, float(scale)
+    if kernel_scale < 0:
+        q_in, kernel_scale = -q_in, -kernel_scale
+    elif kernel_scale == 0:
+        q_in, kernel_scale = jnp.zeros_like(q_in), 1.0
+    q, k, v = (jnp.pad(x, pad) for x in (q_in, k_BxNxGxD, v_BxNxGxD))
     parts = pattern if cfg.backward == "xla" else None
-    static = _Static(n, float(scale), cfg, caps)
+    static = _Static(n, kernel_scale, cfg, caps)
     out, lse = _flash(static, q, k, v, meta, lists_f, lists_b, parts)
     out, lse = out[:, :n, :, :d], jnp.swapaxes(lse, 1, 2)[:, :n]
     if mask.global_tokens is not None:
         out, lse = global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
-    return out, lse
+    return zero_empty_rows(out, lse), lse
 
 
 def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out_BxNxHxD, lse_BxNxH):
     """Overwrites the global query rows with a dense pass over every key (at most `max_global` rows)."""
     b, n, h, d = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
+    q_BxNxHxD, poison_q_BxNxH = sanitize(q_BxNxHxD)  # as in the XLA executor: only sanitised values multiply
+    k_BxNxGxD, v_BxNxGxD, poison_kv_BxNxG = sanitize(k_BxNxGxD, v_BxNxGxD)
     mask = pattern if isinstance(pattern, Intervals) else pattern.mask
     gmask = jnp.broadcast_to(mask.global_tokens, (b, n))
     rows_BxM = jax.vmap(lambda x: jnp.nonzero(x, size=mask.max_global, fill_value=n)[0])(gmask).astype(jnp.int32)
     bi = jnp.arange(b).reshape(-1, 1)
     q_BxMxGxRxD = q_BxNxHxD[bi, jnp.minimum(rows_BxM, n - 1)].reshape(b, -1, g, h // g, d)
     s = jnp.einsum("bmgrd,bkgd->bgrmk", q_BxMxGxRxD, k_BxNxGxD, preferred_element_type=jnp.float32) * scale
+    poison_q = poison_q_BxNxH[bi, jnp.minimum(rows_BxM, n - 1)].reshape(b, -1, g, h // g).transpose(0, 2, 3, 1)
+    s = s + poison_q[..., None] + poison_kv_BxNxG.transpose(0, 2, 1)[:, :, None, None, :]
     k_pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, 1, n)
     ok = pattern.allowed(rows_BxM.reshape(b, 1, 1, -1), k_pos)[:, :, 0] & (rows_BxM < n).reshape(b, 1, -1, 1)
     ok = ok[:, :, None] if ok.shape[1] == 1 else ok.reshape((ok.shape[0], g, h // g) + ok.shape[2:])  # [B,G|1,R|1,M,N]
