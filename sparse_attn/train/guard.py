@@ -45,6 +45,7 @@ def check_state(step: int, state, last_good: int | None, ckpt_dir: str) -> None:
     bad = [part for part, ok in jax.device_get(_finite_parts(state)).items() if not ok]
     if bad:
         raise NonFiniteLossError(
-            f"non-finite values in the state after step {step} ({', '.join(bad)}) although its loss and "
-            f"grad_norm were finite: a diverging update; stopped without saving it. {_last_good(last_good, ckpt_dir)}"
+            f"non-finite values in the state after step {step} ({', '.join(bad)}) although the loss and "
+            f"grad_norm of that step were finite: a diverging update; stopped without saving it. "
+            f"{_last_good(last_good, ckpt_dir)}"
         )
