@@ -130,7 +130,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
 
     `check_config(step, stored_config)` runs before the arrays are read; its errors propagate (a
     config mismatch is not corruption). A checkpoint that fails to read (truncated JSON, tensorstore
-    DATA_LOSS, missing files) is named, skipped, and moved aside once an older one restores; if
+    errors, missing files) is named, skipped, and moved aside once an older one restores; if
     none restores, nothing is moved and the newest one's error is raised.
     """
     unreadable: list[tuple[int, Exception]] = []
