@@ -12,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sparse_attn.attention import attention
@@ -71,6 +72,19 @@ class RoutingAttentionConfig:
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "RoutingAttention":
         return RoutingAttention(self, model_dim, num_heads, rngs=rngs)
+
+
+def checked_valid_len(valid_len, batch: int, n: int) -> jax.Array:
+    """int32[B] valid lengths: a concrete value outside [0, n] is a ValueError; a traced one (inside jit) is clamped
+    to [0, n] (a sequence cannot have more real tokens than positions)."""
+    vl = jnp.broadcast_to(jnp.asarray(valid_len, jnp.int32), (batch,))
+    try:
+        host = np.asarray(valid_len)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        host = None
+    if host is not None and (np.any(host > n) or np.any(host < 0)):
+        raise ValueError(f"valid_len {host.tolist()} must lie in [0, {n}] (the sequence length)")
+    return jnp.clip(vl, 0, n)
 
 
 class RoutingAttention(nnx.Module):
@@ -150,9 +164,21 @@ class RoutingAttention(nnx.Module):
         return NeighbourList(idx=idx, valid=valid, bias=bias)
 
     def core(self, x_BxNxD, q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, valid_len_B) -> tuple[jax.Array, dict]:
-        """The attention core (router, diagrams, key rows, attention): o [B, N, H, D] and statistics."""
+        """The attention core (router, diagrams, key rows, attention): o [B, N, H, D] and statistics.
+
+        Padded positions may hold anything (NaN included): they are selected to 0 in x, q, k, v, padded query rows
+        output 0, and every masked slot of a row is pointed at the row itself, so that whatever an executor does
+        with a masked slot it reads nothing the row may not read.
+        """
+        b, n = x_BxNxD.shape[:2]
+        valid_len_B = checked_valid_len(valid_len_B, b, n)
+        live = jnp.arange(n)[None, :] < valid_len_B[:, None]  # [B, N]
+        zero_pad = lambda a: jnp.where(live.reshape(live.shape + (1,) * (a.ndim - 2)), a, jnp.zeros((), a.dtype))
+        x_BxNxD, q_BxNxHxD, k_BxNxGxD, v_BxNxGxD = map(zero_pad, (x_BxNxD, q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
         routed = self.route(x_BxNxD, valid_len_B)
         nl = self.pattern(routed, valid_len_B)
+        own = jnp.arange(n, dtype=nl.idx.dtype)[None, None, :, None]
+        nl = dataclasses.replace(nl, idx=jnp.where(nl.valid, nl.idx, own))
         if self.edge_w1 is not None:
             o = self._edge_mlp_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, nl)
         elif self.config.rows == "through":
@@ -167,7 +193,7 @@ class RoutingAttention(nnx.Module):
                 o = o * jnp.exp(nl.bias[..., 0]).transpose(0, 2, 1)[..., None].astype(o.dtype)
         else:
             o = attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, nl, implementation=self.config.implementation)
-        return o, self._stats(routed, nl)
+        return jnp.where(live[..., None, None], o, jnp.zeros((), o.dtype)), self._stats(routed, nl)
 
     def _edge_mlp_attention(self, q, k, v, nl: NeighbourList):
         b, n, h, d = q.shape
@@ -204,6 +230,11 @@ class RoutingAttention(nnx.Module):
                 "RoutingAttention is bidirectional: the router reads both ends of every pair, and the "
                 "local-max choice reads later pairs; use it in encoders (causal=False)"
             )
+        b, n = x_BxNxD.shape[:2]
+        valid_len = checked_valid_len(ctx.valid_len, b, n)
+        # Padded hidden states may hold anything: select them away before the projections, whose weight gradients
+        # (x^T dq) would otherwise multiply them.
+        x_BxNxD = jnp.where(jnp.arange(n)[None, :, None] < valid_len[:, None, None], x_BxNxD, 0.0).astype(x_BxNxD.dtype)
         q, k, v = self.proj.qkv(x_BxNxD)
-        o, st = self.core(x_BxNxD, q, k, v, ctx.valid_len)
+        o, st = self.core(x_BxNxD, q, k, v, valid_len)
         return AttentionOutput(y=self.proj.out(o), stats=jax.tree.map(jax.lax.stop_gradient, st))
