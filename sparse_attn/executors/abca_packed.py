@@ -12,6 +12,11 @@ accumulators, so time follows the used slots and memory is O(N + width^2), not t
 
 Layout: inside the loops q, k, v live head-major and padded, `[B, H, N + width + 1, D]`, so that a slot's window is
 a `dynamic_slice` (no gather, no clamping: unused slots start at N) and the per-slot dots need no transposes.
+
+Non-finite inputs: a slot's tile holds keys its rows may not read, and `0 * NaN` in P.V (and in dS.K, dS^T.Q) would
+carry them there. So the slot loops only ever see finite values (non-finite entries selected to 0 once, outside the
+loops), and a row that reads a non-finite q, k or v is set to NaN afterwards, found by prefix counts over its
+contiguous key range. See docs/abca.md ("Non-finite values").
 """
 
 from __future__ import annotations
@@ -66,6 +71,20 @@ def slot_layout(left_BxN: jax.Array, valid_len_B: jax.Array, width: int) -> Slot
     return SlotLayout(start, slot_of, jnp.sum(start < n, axis=1, dtype=jnp.int32), width)
 
 
+def finite_rows(x_BxNxHxD):
+    """(x with its non-finite entries selected to 0, bool[B, N, H] rows that held one)."""
+    ok = jnp.isfinite(x_BxNxHxD)
+    return jnp.where(ok, x_BxNxHxD, jnp.zeros((), x_BxNxHxD.dtype)), ~jnp.all(ok, axis=-1)
+
+
+def range_any(flag_BxNxG, lo_BxN, hi_BxN):
+    """bool[B, N, G]: does flag hold anywhere in [lo, hi] (per row; empty ranges give False)? O(N) prefix counts."""
+    n = flag_BxNxG.shape[1]
+    c = jnp.pad(jnp.cumsum(flag_BxNxG, axis=1, dtype=jnp.int32), ((0, 0), (1, 0), (0, 0)))
+    at = lambda i: jnp.take_along_axis(c, jnp.clip(i, 0, n)[..., None], axis=1)
+    return (lo_BxN <= hi_BxN)[..., None] & (at(hi_BxN + 1) > at(lo_BxN))
+
+
 def _heads_first(x_BxNxHxD, w: int):
     """[B, N, H, D] -> [B, H, N + w + 1, D], zero rows appended."""
     return jnp.pad(jnp.swapaxes(x_BxNxHxD, 1, 2), ((0, 0), (0, 0), (0, w + 1), (0, 0)))
@@ -94,9 +113,12 @@ def packed_zone_attention(
     """Attention of every query over its key range [lo, hi], computed slot by slot.
 
     Requires, for every valid query t of slot i, [lo(t), hi(t)] inside [start_i, start_i + width] (or lo > hi, an
-    empty row). Positions in no slot (padding) output 0 and lse -inf. The backward pass is a second slot loop
-    (flash-style: probabilities recomputed from lse) that adds each slot's dq/dk/dv into a width-sized window of the
-    accumulators, so a step costs O(width), not O(N) as autodiff of the forward loop would.
+    empty row). Positions in no slot (padding) output 0 and lse -inf. Non-finite values reach only the rows that
+    read them: such a row (its q, or a k or v in [lo, hi]) outputs NaN and lse NaN; every other row, and the
+    gradients of a loss that skips those rows, are exactly what finite values there would give (zero gradient at
+    the non-finite entries). The backward pass is a second slot loop (flash-style: probabilities recomputed from
+    lse) that adds each slot's dq/dk/dv into a width-sized window of the accumulators, so a step costs O(width),
+    not O(N) as autodiff of the forward loop would.
 
     Args:
       chunk: slots per scan step (unrolled; fewer steps, larger live tiles).
@@ -106,8 +128,13 @@ def packed_zone_attention(
     """
     if k_BxNxGxD.shape != v_BxNxGxD.shape or q_BxNxHxD.shape[2] % k_BxNxGxD.shape[2]:
         raise ValueError(f"k, v {k_BxNxGxD.shape}, {v_BxNxGxD.shape} do not fit q {q_BxNxHxD.shape} (GQA)")
-    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
-    return _packed(*args, layout.width, float(scale), min(chunk, layout.start.shape[1]))
+    (q, q_bad), (k, k_bad), (v, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
+    args = (q, k, v, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
+    out, lse = _packed(*args, layout.width, float(scale), min(chunk, layout.start.shape[1]))
+    reads = range_any(k_bad | v_bad, lo_BxN, hi_BxN)  # [B, N, G]
+    bad = q_bad | jnp.repeat(reads, q.shape[2] // k.shape[2], axis=2)
+    bad = bad & ~jnp.isneginf(lse)  # rows with no key (or in no slot) output 0 whatever their q
+    return jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
 
 
 def _slot_loop(start, used, chunk: int, n: int, body, acc0):

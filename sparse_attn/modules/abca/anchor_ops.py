@@ -15,6 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors.abca_packed import finite_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.rope import apply_rope
 from sparse_attn.patterns.abca.handshake import anchor_positions
@@ -82,9 +83,19 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
 
     Returns anchor states [B, N, H, D] (0 at non-anchors). Exact SPEC §1 ranges with O(N) pairs, whatever k is.
     The backward pass is written out (flash-style, probabilities recomputed from the per-anchor lse), so autodiff
-    keeps no per-role [B, N, H, D] residuals.
+    keeps no per-role [B, N, H, D] residuals. Non-finite values run as 0 and make the anchors that read them NaN:
+    every scored pair is allowed, but the backward pass's `0 * NaN` at unused roles would spread them.
     """
-    return _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(gather_roles(zones, causal)), float(scale))
+    roles = gather_roles(zones, causal)
+    (q, q_bad), (k, k_bad), (v, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxHxD, v_BxNxHxD))
+    out = _anchor_gather(q, k, v, jnp.stack(roles), float(scale))
+    b, n, h = q_bad.shape
+    bi = jnp.arange(b)[:, None]
+    kv_bad = jnp.repeat(k_bad | v_bad, h // k_bad.shape[2], axis=2)  # [B, N, H]: key p's value for each head
+    bad = jnp.zeros((b, n, h), bool)
+    for r in roles:  # anchor r(p) reads q at r(p) and k, v at p
+        bad = bad.at[bi, jnp.where(r >= 0, r, n)].max(kv_bad | _take(q_bad, r), mode="drop")
+    return jnp.where(bad[..., None], jnp.nan, out)
 
 
 def _grouped(x_BxNxHx, groups: int):

@@ -69,6 +69,10 @@ class AnchorAttention(nnx.Module):
             raise ValueError(f"x must be [B, N, model_dim], got shape {x_BxNxD.shape}")
         if ctx.valid_len.shape != x_BxNxD.shape[:1]:
             raise ValueError(f"ctx.valid_len {ctx.valid_len.shape} does not match batch {x_BxNxD.shape[0]}")
+        live = (jnp.arange(x_BxNxD.shape[1])[None] < ctx.valid_len[:, None])[..., None]
+        # Padded hidden states may hold anything (NaN included): select them away once, so that neither the
+        # projections' weight gradients (x^T dq) nor the score head ever multiply them.
+        x_BxNxD = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))
         is_anchor, inserted, gate, aux = self._placement(x_BxNxD, ctx, anchor_mask)
         zones = abca.compute_zones(is_anchor, ctx.valid_len)
         q, k, v = self.proj.qkv(x_BxNxD)
@@ -90,7 +94,6 @@ class AnchorAttention(nnx.Module):
             implementation=cfg.implementation,
             slot_width=cfg.slot_width,
         )
-        live = (jnp.arange(x_BxNxD.shape[1])[None] < ctx.valid_len[:, None])[..., None]
         y = jnp.where(live, self.proj.out(o), 0.0).astype(x_BxNxD.dtype)
         stats = abca_stats(
             zones,
