@@ -7,6 +7,11 @@ contiguous copies, no gather), scores it with one einsum, masks the range ends a
 and softmaxes. A token's k bucket outputs and the landmark pass (landmarks outside the window: a small dense
 [N, L] pass) are merged by log-sum-exp. Every allowed pair is counted exactly once and only the band is scored.
 Keys a block needs beyond its static reach are counted in `info["overflow"]`, never hidden.
+
+Non-finite inputs: a band holds entries its rows may not read (other buckets, the dedup, padding), and `0 * NaN` in
+P.V, dS.K or dS^T.Q would carry them there. The passes only ever see finite values (non-finite entries selected to 0
+once); a row that reads a non-finite q, k or v (its q, a key entry in one of its bucket ranges, or a landmark it
+attends) is set to NaN afterwards, from prefix counts over the entries. See docs/labels.md ("Non-finite values").
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors.abca_packed import finite_rows, range_any
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
@@ -238,24 +244,32 @@ def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, s
     s = jnp.einsum("ngrd,lgd->ngrl", q_NxGxRxD, k_NxGxD[lm], preferred_element_type=jnp.float32) * scale
     p, lse = masked_softmax(s, ok_NxL[:, None, None, :])
     o = jnp.einsum("ngrl,lgd->ngrd", p, v_NxGxD[lm].astype(jnp.float32))
-    return o, lse, jnp.sum(ok_NxL, axis=-1, dtype=jnp.int32)
+    return o, lse, ok_NxL
 
 
-def _one_sequence(q_NxGxRxD, k_NxGxD, v_NxGxD, labels_NxK, vl, *, num_labels, base, scale, block, reach, group):
+def _one_sequence(
+    q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, labels_NxK, vl, *, num_labels, base, scale, block, reach, group
+):
     lay = bucket_layout(labels_NxK, num_labels, base, vl)
     o_E, lse_E, keys_E, overflow = _bucket_pass(
         q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal, group
     )
     outs, lses = [o_E[lay.entry_NxK]], [lse_E[lay.entry_NxK]]  # [N, k, G, R, (D)]
     keys = jnp.sum(keys_E[lay.entry_NxK], axis=1)
+    # Every key entry in a bucket range shares that label with the row, so the row reads it (the dedup only picks
+    # the bucket that scores the pair): a row reads a non-finite key iff one lies in one of its ranges.
+    reads_E = range_any(kv_bad_NxG[lay.token_E][None], lay.lo_E[None], lay.hi_E[None])[0]  # [E, G]
+    reads = jnp.any(reads_E[lay.entry_NxK], axis=1)  # [N, G]
     if base.landmark_every:
         bits_NxW = bits_lib.pack_labels(labels_NxK, num_labels)
-        o_l, lse_l, keys_l = _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base, vl, scale)
+        o_l, lse_l, ok_NxL = _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base, vl, scale)
         outs.append(o_l[:, None])
         lses.append(lse_l[:, None])
-        keys = keys + keys_l
+        keys = keys + jnp.sum(ok_NxL, axis=-1, dtype=jnp.int32)
+        lm = jnp.asarray(base.landmarks(q_NxGxRxD.shape[0]))
+        reads = reads | jnp.any(ok_NxL[:, :, None] & kv_bad_NxG[lm][None], axis=1)
     out, lse = merge_lse(jnp.concatenate(outs, 1), jnp.concatenate(lses, 1), axis=1)
-    return out, lse, keys, overflow
+    return out, lse, keys, overflow, reads
 
 
 def bucketed_attention(
@@ -282,7 +296,9 @@ def bucketed_attention(
         `default_reach`, planned for balanced buckets). group_entries: entries per scan step (memory bound).
 
     Returns:
-      out [B, N, H, D], lse [B, N, H] (float32, -inf on padding), and info: `overflow` (int32, key slots a block
+      out [B, N, H, D], lse [B, N, H] (float32, -inf on padding; a row that reads a non-finite q, k or v gives
+      NaN in both, and every other row, and the gradients of a loss that skips those rows, are what finite values
+      there would give), and info: `overflow` (int32, key slots a block
       needed beyond its reach, summed; 0 means exact), `keys` (int32[B, P, N], allowed keys per token, self
       included).
     """
@@ -304,22 +320,26 @@ def bucketed_attention(
         raise ValueError(f"reach must be >= 0, got {reach}")
     p = labels_BxPxNxK.shape[1]
     r = h // g
+    (q_BxNxHxD, q_bad), (k_BxNxGxD, k_bad), (v_BxNxGxD, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
+    kv_bad = k_bad | v_bad  # [B, N, G]
     if p == 1:
         q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
-        k5, v5 = k_BxNxGxD[:, None], v_BxNxGxD[:, None]
+        k5, v5, bad4 = k_BxNxGxD[:, None], v_BxNxGxD[:, None], kv_bad[:, None]
     else:  # per-head labels: each head is its own layout, reading its KV group
         q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
         grp = jnp.arange(h) // r
         k5 = jnp.transpose(k_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
         v5 = jnp.transpose(v_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
+        bad4 = jnp.transpose(kv_bad[:, :, grp], (0, 2, 1))[..., None]
     labels = jnp.broadcast_to(labels_BxPxNxK, (b,) + labels_BxPxNxK.shape[1:]).astype(jnp.int32)
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
 
-    def one(q, k, v, lab, length):
+    def one(q, k, v, bad, lab, length):
         return _one_sequence(
             q,
             k,
             v,
+            bad,
             lab,
             length,
             num_labels=num_labels,
@@ -330,9 +350,12 @@ def bucketed_attention(
             group=max(1, group_entries // block),
         )
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
-    out, lse, keys, overflow = jax.vmap(per_head, in_axes=(0, 0, 0, 0, 0))(q6, k5, v5, labels, vl)
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None))
+    out, lse, keys, overflow, reads = jax.vmap(per_head)(q6, k5, v5, bad4, labels, vl)
     # out [B, P, N, G', R', D] -> [B, N, H, D]
     out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
     lse = jnp.moveaxis(lse, 1, 2).reshape(b, n, h)
+    reads = jnp.moveaxis(reads, 1, 2).reshape(b, n, -1)  # [B, N, P G']: per KV group, or per head
+    bad = (q_bad | jnp.repeat(reads, h // reads.shape[-1], axis=-1)) & ~jnp.isneginf(lse)
+    out, lse = jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
     return out, lse, dict(overflow=jnp.sum(overflow), keys=keys)

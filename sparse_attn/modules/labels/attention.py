@@ -71,6 +71,10 @@ class LabelAttention(nnx.Module):
         b = x_BxNxD.shape[0]
         valid_len = jnp.broadcast_to(jnp.asarray(ctx.valid_len, jnp.int32), (b,))
         base = BaseGraph(radius=cfg.radius, landmark_every=cfg.landmark_every, causal=ctx.causal)
+        # Padded hidden states may hold anything (NaN included): select them away once, so that neither the
+        # projections' and the router's weight gradients (x^T dq) nor the router losses ever multiply them.
+        live = jnp.arange(x_BxNxD.shape[1])[None, :, None] < valid_len[:, None, None]
+        x_BxNxD = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))
         q, k, v = self.proj.qkv(x_BxNxD)
         r = self.router(x_BxNxD)
         o, keys, overflow, p, labels, tau = label_core(q, k, v, r, cfg, base, step=ctx.step, valid_len=valid_len)

@@ -7,6 +7,10 @@ through q on every edge of H (also on the edges the hard mask drops), while the 
 
 Both score every edge of H (O(|E(H)| d) for the bias): the work-skipping path is `executors.labels_bucketed`.
 Query blocks of `block` positions read the window band [x block - w, (x + 1) block + w) plus the landmarks.
+
+Non-finite inputs run as 0 (a band holds keys a row may not read, and `0 * NaN` in P.V would carry them there); a
+row that reads a non-finite q, k or v (soft: on an edge of H; straight-through: on a kept edge, the forward's
+pattern) outputs NaN. Memberships at padded positions are selected to 0. See docs/labels.md.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors.abca_packed import finite_rows
 from sparse_attn.executors.labels_bucketed import band_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
@@ -28,7 +33,7 @@ MODES = ("soft", "straight_through")
 _EXP_CAP = 0.0
 
 
-def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, mode, eps, scale, block):
+def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, *, base: BaseGraph, mode, eps, scale, block):
     n, g, r, dh = q_NxGxRxD.shape
     w = min(base.radius, n)
     nb = -(-n // block)
@@ -75,7 +80,9 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, p_NxL, bits_NxW, vl, *, base: BaseGraph, m
     o = jnp.einsum("xgrbc,xcgd->xbgrd", p, vk).reshape(nb * block, g, r, dh)[:n]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:n]
     keys_N = jnp.sum(hard, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
-    return o, lse, keys_N
+    read = (edge if mode == "soft" else hard).astype(jnp.float32)
+    reads = jnp.einsum("xbc,xcg->xbg", read, keys(kv_bad_NxG.astype(jnp.float32))) > 0
+    return o, lse, keys_N, reads.reshape(nb * block, g)[:n]
 
 
 def soft_label_attention(
@@ -100,7 +107,8 @@ def soft_label_attention(
       mode: "soft" or "straight_through".
 
     Returns:
-      out [B, N, H, D], lse [B, N, H], keys int32[B, P, N] (keys the hard pattern allows, self included).
+      out [B, N, H, D], lse [B, N, H], keys int32[B, P, N] (keys the hard pattern allows, self included). A row
+      that reads a non-finite q, k or v gives NaN in out and lse.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -116,22 +124,29 @@ def soft_label_attention(
         raise ValueError(f"memberships {p_BxPxNxL.shape} / bits {bits_BxPxNxW.shape} must be [B|1, 1|{h}, {n}, ...]")
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
     r = h // g
+    (q_BxNxHxD, q_bad), (k_BxNxGxD, k_bad), (v_BxNxGxD, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
+    kv_bad = k_bad | v_bad  # [B, N, G]
     if pp == 1:
         q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
-        k5, v5 = k_BxNxGxD[:, None], v_BxNxGxD[:, None]
+        k5, v5, bad4 = k_BxNxGxD[:, None], v_BxNxGxD[:, None], kv_bad[:, None]
     else:
         q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
         grp = jnp.arange(h) // r
         k5 = jnp.transpose(k_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
         v5 = jnp.transpose(v_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
-    p_all = jnp.broadcast_to(p_BxPxNxL, (b,) + p_BxPxNxL.shape[1:])
-    bits_all = jnp.broadcast_to(bits_BxPxNxW, (b,) + bits_BxPxNxW.shape[1:])
+        bad4 = jnp.transpose(kv_bad[:, :, grp], (0, 2, 1))[..., None]
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
+    live = (jnp.arange(n)[None, None, :, None] < vl[:, None, None, None])
+    p_all = jnp.where(live, jnp.broadcast_to(p_BxPxNxL, (b,) + p_BxPxNxL.shape[1:]), 0.0)  # padding: any value
+    bits_all = jnp.broadcast_to(bits_BxPxNxW, (b,) + bits_BxPxNxW.shape[1:])
 
-    def one(q, k, v, p, bits, length):
-        return _one(q, k, v, p, bits, length, base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
+    def one(q, k, v, bad, p, bits, length):
+        return _one(q, k, v, bad, p, bits, length, base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None))
-    out, lse, keys = jax.vmap(per_head)(q6, k5, v5, p_all, bits_all, vl)
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
+    out, lse, keys, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl)
     out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
-    return out, jnp.moveaxis(lse, 1, 2).reshape(b, n, h), keys
+    lse = jnp.moveaxis(lse, 1, 2).reshape(b, n, h)
+    reads = jnp.moveaxis(reads, 1, 2).reshape(b, n, -1)  # [B, N, P G']
+    bad = (q_bad | jnp.repeat(reads, h // reads.shape[-1], axis=-1)) & ~jnp.isneginf(lse)
+    return jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse), keys
