@@ -2,12 +2,14 @@
 
 The guarantee (docs/abca.md): padding of q, k, v (and of the layer input) changes nothing, forward or backward; a
 non-finite value at a valid position makes exactly the rows that read it NaN; the packed executor's gradients of a
-loss that skips those rows equal a clean run's, with exactly 0 at the planted position.
+loss that skips those rows equal a clean run's, with exactly 0 at the planted position. The core is checked on the
+default "xla" path and on "reference" (its stages through the generic executors).
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from sparse_attn.executors import abca_packed
@@ -103,9 +105,10 @@ def _core_fn(zones, **kw):
     return f
 
 
-def test_core_padding_is_invisible_and_valid_nonfinite_reaches_only_readers():
+@pytest.mark.parametrize("implementation", ["xla", "reference"])  # "reference": the generic executors' guarantee
+def test_core_padding_is_invisible_and_valid_nonfinite_reaches_only_readers(implementation):
     zones = _zones(4)
-    core = _core_fn(zones, handshake_steps=2)
+    core = _core_fn(zones, handshake_steps=2, implementation=implementation)
     qkv = _qkv(1)
     ct = jax.random.normal(jax.random.PRNGKey(8), qkv[0].shape)
     run = jax.jit(lambda q, k, v: jax.value_and_grad(lambda *a: jnp.sum(core(*a) * ct), (0, 1, 2))(q, k, v))
