@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: importing this module never changes the user's backend
 
 
 def plot_mask(mask_NxN, path: str, *, title: str | None = None, extra: dict | None = None) -> str:
@@ -14,7 +11,8 @@ def plot_mask(mask_NxN, path: str, *, title: str | None = None, extra: dict | No
     mask = np.asarray(mask_NxN, dtype=bool)
     if mask.ndim != 2:
         raise ValueError(f"plot_mask needs a 2-D mask, got shape {mask.shape}")
-    fig, ax = plt.subplots(figsize=(5, 5), dpi=120)
+    fig = Figure(figsize=(5, 5), dpi=120)
+    ax = fig.add_subplot()
     ax.imshow(mask, cmap="Greys", interpolation="nearest", vmin=0, vmax=1)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
@@ -26,7 +24,6 @@ def plot_mask(mask_NxN, path: str, *, title: str | None = None, extra: dict | No
     ax.set_title(label.strip(), fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
