@@ -14,9 +14,11 @@ Layout: inside the loops q, k, v live head-major and padded, `[B, H, N + width +
 a `dynamic_slice` (no gather, no clamping: unused slots start at N) and the per-slot dots need no transposes.
 
 Non-finite inputs: a slot's tile holds keys its rows may not read, and `0 * NaN` in P.V (and in dS.K, dS^T.Q) would
-carry them there. So the slot loops only ever see finite values (non-finite entries selected to 0 once, outside the
-loops), and a row that reads a non-finite q, k or v is set to NaN afterwards, found by prefix counts over its
-contiguous key range. See docs/abca.md ("Non-finite values").
+carry them there. So the slot loops only ever see finite values (non-finite entries selected to 0 in the head-major
+copies the loops read anyway: no extra buffer), and a row that reads a non-finite q, k or v is set to NaN
+afterwards, found by prefix counts over its contiguous key range. Every pair that touches a non-finite entry then
+lies in such a row, whose cotangent the select drops, so the entry's gradient is exactly 0 with no further select.
+See docs/abca.md ("Non-finite values").
 """
 
 from __future__ import annotations
@@ -71,10 +73,19 @@ def slot_layout(left_BxN: jax.Array, valid_len_B: jax.Array, width: int) -> Slot
     return SlotLayout(start, slot_of, jnp.sum(start < n, axis=1, dtype=jnp.int32), width)
 
 
+def finite(x):
+    """x with its non-finite entries selected to 0."""
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
+def nonfinite_rows(x_BxNxHxD):
+    """bool[B, N, H]: rows that hold a non-finite entry."""
+    return ~jnp.all(jnp.isfinite(x_BxNxHxD), axis=-1)
+
+
 def finite_rows(x_BxNxHxD):
-    """(x with its non-finite entries selected to 0, bool[B, N, H] rows that held one)."""
-    ok = jnp.isfinite(x_BxNxHxD)
-    return jnp.where(ok, x_BxNxHxD, jnp.zeros((), x_BxNxHxD.dtype)), ~jnp.all(ok, axis=-1)
+    """(finite(x), nonfinite_rows(x))."""
+    return finite(x_BxNxHxD), nonfinite_rows(x_BxNxHxD)
 
 
 def range_any(flag_BxNxG, lo_BxN, hi_BxN):
@@ -128,11 +139,10 @@ def packed_zone_attention(
     """
     if k_BxNxGxD.shape != v_BxNxGxD.shape or q_BxNxHxD.shape[2] % k_BxNxGxD.shape[2]:
         raise ValueError(f"k, v {k_BxNxGxD.shape}, {v_BxNxGxD.shape} do not fit q {q_BxNxHxD.shape} (GQA)")
-    (q, q_bad), (k, k_bad), (v, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
-    args = (q, k, v, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
+    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, lo_BxN, hi_BxN, layout.start, layout.slot_of, layout.used)
     out, lse = _packed(*args, layout.width, float(scale), min(chunk, layout.start.shape[1]))
-    reads = range_any(k_bad | v_bad, lo_BxN, hi_BxN)  # [B, N, G]
-    bad = q_bad | jnp.repeat(reads, q.shape[2] // k.shape[2], axis=2)
+    reads = range_any(nonfinite_rows(k_BxNxGxD) | nonfinite_rows(v_BxNxGxD), lo_BxN, hi_BxN)  # [B, N, G]
+    bad = nonfinite_rows(q_BxNxHxD) | jnp.repeat(reads, q_BxNxHxD.shape[2] // k_BxNxGxD.shape[2], axis=2)
     bad = bad & ~jnp.isneginf(lse)  # rows with no key (or in no slot) output 0 whatever their q
     return jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
 
@@ -184,7 +194,7 @@ def _forward(q, k, v, lo, hi, start, slot_of, used, w, scale, chunk):
     b, n, h, d = q.shape
     g = k.shape[2]
     meta = _metadata(start, slot_of, lo, hi, w, chunk, n)
-    qh, kh, vh = _heads_first(q, w), _heads_first(k, w), _heads_first(v, w)
+    qh, kh, vh = (_heads_first(finite(x), w) for x in (q, k, v))  # the loops never see a non-finite value
 
     def body(acc, slot):
         st, ok = _slot_mask(meta, slot, w, n)

@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.abca_packed import finite_rows
+from sparse_attn.executors.abca_packed import finite, nonfinite_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.rope import apply_rope
 from sparse_attn.patterns.abca.handshake import anchor_positions
@@ -83,15 +83,17 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
 
     Returns anchor states [B, N, H, D] (0 at non-anchors). Exact SPEC §1 ranges with O(N) pairs, whatever k is.
     The backward pass is written out (flash-style, probabilities recomputed from the per-anchor lse), so autodiff
-    keeps no per-role [B, N, H, D] residuals. Non-finite values run as 0 and make the anchors that read them NaN:
-    every scored pair is allowed, but the backward pass's `0 * NaN` at unused roles would spread them.
+    keeps no per-role [B, N, H, D] residuals. Non-finite values run as 0 inside it and make the anchors that read
+    them NaN: every scored pair is allowed, but the backward pass's `0 * NaN` at unused roles would spread them.
+    Every pair touching a non-finite entry lies in such an anchor, whose cotangent the select drops, so the entry's
+    gradient is exactly 0.
     """
     roles = gather_roles(zones, causal)
-    (q, q_bad), (k, k_bad), (v, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxHxD, v_BxNxHxD))
-    out = _anchor_gather(q, k, v, jnp.stack(roles), float(scale))
+    out = _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(roles), float(scale))
+    q_bad, k_bad = nonfinite_rows(q_BxNxHxD), nonfinite_rows(k_BxNxHxD) | nonfinite_rows(v_BxNxHxD)
     b, n, h = q_bad.shape
     bi = jnp.arange(b)[:, None]
-    kv_bad = jnp.repeat(k_bad | v_bad, h // k_bad.shape[2], axis=2)  # [B, N, H]: key p's value for each head
+    kv_bad = jnp.repeat(k_bad, h // k_bad.shape[2], axis=2)  # [B, N, H]: key p's k or v, for each head
     bad = jnp.zeros((b, n, h), bool)
     for r in roles:  # anchor r(p) reads q at r(p) and k, v at p
         bad = bad.at[bi, jnp.where(r >= 0, r, n)].max(kv_bad | _take(q_bad, r), mode="drop")
@@ -126,6 +128,7 @@ def _collect(w_BxNxH, x_BxNxHxD, groups: int):
 
 
 def _gather_forward(q, k, v, roles_RxBxN, scale):
+    q, k, v = finite(q), finite(k), finite(v)  # transient: the custom VJP keeps the inputs
     roles = list(roles_RxBxN)
     b, n, h, d = q.shape
     bi = jnp.arange(b)[:, None]
@@ -160,23 +163,28 @@ def _anchor_gather_fwd(q, k, v, roles, scale):
 
 def _anchor_gather_bwd(scale, res, dout):
     q, k, v, roles, out, lse = res
-    b, n = q.shape[:2]
+    b, n, h = q.shape[:3]
     bi = jnp.arange(b)[:, None]
+    g = k.shape[2]
+    # A pair touching a non-finite entry belongs to an anchor that `anchor_gather` set to NaN, so its cotangent is 0:
+    # select such pairs away instead of forming 0 * NaN (selects on existing temporaries, no sanitised copies).
+    q_bad = nonfinite_rows(q)
+    kv_bad = jnp.repeat(nonfinite_rows(k) | nonfinite_rows(v), h // g, axis=2)  # [B, N, H]
     dout = dout.astype(jnp.float32)
     delta = jnp.einsum("bnhd,bnhd->bnh", dout, out.astype(jnp.float32))
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
-    g = k.shape[2]
     for r, s in zip(list(roles), _role_scores(q, k, list(roles), scale)):
-        ok = (r >= 0)[..., None]
+        ok = (r >= 0)[..., None] & ~kv_bad & ~_take(q_bad, r)
         p = jnp.where(ok, jnp.exp(jnp.minimum(s - _take(lse, r), 0.0)), 0.0)  # [B, N, H]: weight of key p for r(p)
         do_r = _take(dout, r)
         dp = _heads(jnp.einsum("bngrd,bngd->bngr", _grouped(do_r, g), v.astype(jnp.float32)))
-        ds = p * (dp - _take(delta, r)) * scale
+        ds = jnp.where(ok, p * (dp - _take(delta, r)) * scale, 0.0)
         dv = dv + _collect(p, do_r, g)
-        dk = dk + _collect(ds, _take(q, r).astype(jnp.float32), g)
-        dq = dq.at[bi, jnp.where(r >= 0, r, n)].add(_spread(ds, k.astype(jnp.float32)), mode="drop")
+        dk = dk + _collect(ds, finite(_take(q, r)).astype(jnp.float32), g)
+        dq_r = jnp.where(kv_bad[..., None], 0.0, _spread(ds, k.astype(jnp.float32)))
+        dq = dq.at[bi, jnp.where(r >= 0, r, n)].add(dq_r, mode="drop")
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
