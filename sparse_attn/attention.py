@@ -9,34 +9,23 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.reference import reference_attention
-from sparse_attn.executors.xla import xla_attention
-from sparse_attn.kernels import pallas_attention
-from sparse_attn.patterns.block_layout import BlockLayout
+import sparse_attn.executors  # noqa: F401  (registers the reference, XLA and mechanism executors)
+import sparse_attn.kernels  # noqa: F401  (registers the Pallas kernels)
+from sparse_attn.executors import registry
+from sparse_attn.executors.registry import register_executor
 from sparse_attn.patterns.intervals import Intervals
-from sparse_attn.patterns.neighbours import NeighbourList
 
-_EXECUTORS: dict[str, Callable] = {"reference": reference_attention, "xla": xla_attention, "pallas": pallas_attention}
-_ACCELERATED: dict[str, Callable] = {"pallas": pallas_attention}  # preferred on GPU/TPU
+__all__ = ["attention", "available_implementations", "default_implementation", "register_executor"]
 
 
-def register_executor(name: str, fn: Callable, *, accelerated: bool = False) -> None:
-    """Adds an executor `fn(q, k, v, pattern, scale, **options) -> (out, lse)`."""
-    _EXECUTORS[name] = fn
-    if accelerated:
-        _ACCELERATED[name] = fn
+def available_implementations(pattern_type: type = Intervals) -> tuple[str, ...]:
+    """Implementation names registered for a pattern type (default: `Intervals`)."""
+    return registry.implementations(pattern_type)
 
 
-def available_implementations() -> tuple[str, ...]:
-    return tuple(_EXECUTORS)
-
-
-def default_implementation(platform: str | None = None) -> str:
-    """Pallas kernels on GPU/TPU when registered, XLA gathers everywhere else."""
-    platform = platform or jax.default_backend()
-    if platform in ("gpu", "cuda", "rocm", "tpu") and "pallas" in _ACCELERATED:
-        return "pallas"
-    return "xla"
+def default_implementation(platform: str | None = None, pattern_type: type = Intervals) -> str:
+    """What `implementation=None` runs for a pattern type on a platform (default: this one)."""
+    return registry.default(pattern_type, platform or jax.default_backend())
 
 
 def _check_inputs(q, k, v, pattern) -> None:
@@ -55,22 +44,9 @@ def _check_inputs(q, k, v, pattern) -> None:
         raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch, length or head size")
     if h % k.shape[2]:
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({k.shape[2]})")
-    if not isinstance(pattern, (Intervals, BlockLayout, NeighbourList)):
-        raise ValueError(f"pattern must be Intervals, BlockLayout or NeighbourList, got {type(pattern).__name__}")
     if pattern.num_tokens != n:
         raise ValueError(f"pattern covers {pattern.num_tokens} tokens but q has {n}")
     pattern.validate(batch=b, heads=h)
-
-
-def _resolve_implementation(implementation) -> str:
-    if implementation is None:
-        return default_implementation()
-    if not isinstance(implementation, str) or implementation not in _EXECUTORS:
-        raise ValueError(
-            f"implementation must be None or one of {sorted(_EXECUTORS)}, got {implementation!r} "
-            "(an unknown or unavailable implementation)"
-        )
-    return implementation
 
 
 def _empty_batch(q, fn, args, options):
@@ -96,23 +72,26 @@ def attention(
     Args:
       q_BxNxHxD: queries [batch, length, query heads, head size].
       k_BxNxGxD, v_BxNxGxD: keys and values with G KV heads (H % G == 0: grouped-query attention).
-      pattern: Intervals, BlockLayout or NeighbourList over the N tokens, leading axes [B|1, H|1].
-      implementation: "reference", "xla", "pallas" or None (best available for the platform). Any other value
-        (including "") or an explicit choice that cannot run raises ValueError.
+      pattern: any registered pattern type over the N tokens (Intervals, BlockLayout, NeighbourList, and each
+        mechanism's own: `patterns.abca.ZonePattern`, `patterns.labels.LabelPattern`), leading axes [B|1, H|1].
+      implementation: a name registered for the pattern's type ("reference" for every type, "xla", "pallas",
+        or a mechanism executor such as "packed" or "bucketed"), or None (the platform's default for that type).
+        Any other value (including "") or an explicit choice that cannot run raises ValueError naming what can.
       scale: logit scale, default 1/sqrt(D).
       return_lse: also return the float32 log-sum-exp [B, N, H] (-inf on rows with no allowed key).
-      **options: executor options (e.g. `block` for "xla").
+      **options: executor options (e.g. `block` for "xla", `config` for "pallas").
 
     Returns:
       out [B, N, H, D] in q's dtype (0 on rows with no allowed key), and lse if asked. An empty batch (B = 0)
       gives empty outputs; N, H, G and D must be >= 1.
     """
-    name = _resolve_implementation(implementation)
+    name = default_implementation(None, type(pattern)) if implementation is None else implementation
+    fn = registry.lookup(type(pattern), name)
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
-    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
+    args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     if q_BxNxHxD.shape[0] == 0:
-        out, lse = _empty_batch(q_BxNxHxD, _EXECUTORS[name], args, options)
+        out, lse = _empty_batch(q_BxNxHxD, fn, args, dict(options, scale=scale))
     else:
-        out, lse = _EXECUTORS[name](*args, **options)
+        out, lse = fn(*args, scale=scale, **options)
     return (out, lse) if return_lse else out

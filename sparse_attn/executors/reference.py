@@ -5,12 +5,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
-from sparse_attn.patterns.neighbours import NeighbourList
 
 
 def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
     """Returns (out[B, N, H, D], lse[B, N, H]); O(N^2) memory, for tests and small problems.
+
+    Runs any pattern with `to_dense()`; a pattern with `dense_bias()` (additive logit bias, -inf where masked,
+    e.g. `NeighbourList`) is run with that bias instead.
 
     Non-finite values reach only the rows that may attend them (`softmax.sanitize`; docs/architecture.md).
     """
@@ -23,7 +26,7 @@ def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
     poison_kv = jnp.repeat(poison_kv_BxNxG, h // g, axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
     s = s + jnp.swapaxes(poison_q_BxNxH, 1, 2)[..., None] + jnp.swapaxes(poison_kv, 1, 2)[:, :, None, :]
-    if isinstance(pattern, NeighbourList):
+    if hasattr(pattern, "dense_bias"):
         bias = pattern.dense_bias()
         allowed = ~jnp.isneginf(bias)  # a NaN bias on an allowed slot keeps it allowed (and poisons the row)
         s = s + jnp.where(allowed, bias, 0.0)
@@ -33,3 +36,6 @@ def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
     out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32))
     lse = jnp.swapaxes(lse, 1, 2)
     return zero_empty_rows(out, lse).astype(q_BxNxHxD.dtype), lse
+
+
+registry.set_reference(reference_attention)

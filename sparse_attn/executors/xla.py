@@ -13,6 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax_parts, sanitize, zero_empty_rows
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.common import take_tokens
@@ -254,3 +255,8 @@ def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
         out = jnp.einsum("bgrnk,bgrnkd->bgrnd", e, vg.astype(jnp.float32))
     out = (out / denom).transpose(0, 3, 1, 2, 4).reshape(b, n, h, d)
     return out.astype(q.dtype), lse.transpose(0, 3, 1, 2).reshape(b, n, h)
+
+
+registry.register_executor(Intervals, "xla", xla_attention, default_on="cpu")
+registry.register_executor(BlockLayout, "xla", xla_attention, default_on="cpu")
+registry.register_executor(NeighbourList, "xla", xla_attention, default_on=("cpu", "gpu", "tpu"))

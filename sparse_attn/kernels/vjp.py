@@ -17,12 +17,10 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
-from sparse_attn.executors.xla import xla_attention
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
 from sparse_attn.kernels.config import KernelConfig
 from sparse_attn.patterns.intervals import Intervals
-from sparse_attn.patterns.neighbours import NeighbourList
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +34,8 @@ class _Static:
 
 
 def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, config: KernelConfig | None = None):
-    """Executor `fn(q, k, v, pattern, scale, config=...) -> (out [B, N, H, D], lse [B, N, H] float32)`.
-
-    NeighbourList patterns (K <= 3 keys per row) are served by the XLA row gather: a 64/128-wide tile would waste
-    over 95% of its work (docs/kernels.md).
-    """
-    if isinstance(pattern, NeighbourList):
-        return xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale)
+    """Executor `fn(q, k, v, pattern, scale, config=...) -> (out [B, N, H, D], lse [B, N, H] float32)` for
+    `Intervals` and `BlockLayout` (neighbour lists have no kernel: docs/kernels.md, "Decisions")."""
     b, n, h, d = q_BxNxHxD.shape
     cfg = (config or KernelConfig()).resolve(d)
     mask, random_blocks, max_random, pinned = metadata.split_pattern(pattern)

@@ -141,7 +141,7 @@ def test_dispatch_and_input_errors():
     assert sa.default_implementation("cpu") == "xla"
     out = sa.attention(q, k, v, P.causal(N))
     np.testing.assert_allclose(out, sa.attention(q, k, v, P.causal(N), implementation="xla"), atol=0)
-    with pytest.raises(ValueError, match="unknown or unavailable implementation"):
+    with pytest.raises(ValueError, match="not an implementation of Intervals patterns"):
         sa.attention(q, k, v, P.causal(N), implementation="cuda-magic")
     with pytest.raises(ValueError, match="multiple of KV heads"):
         sa.attention(q, k[:, :, :1].repeat(3, 2), v[:, :, :1].repeat(3, 2), P.causal(N))

@@ -65,7 +65,7 @@ def neighbours():
 
 
 PATTERNS = {"intervals": intervals, "layout": layout, "neighbours": neighbours}
-# NeighbourList patterns run the XLA row gather under "pallas" too: no kernel case for them.
+# NeighbourList patterns have no "pallas" executor (no kernel for K <= 3 rows).
 CASES = [(p, i) for p in PATTERNS for i in ("reference", "xla", "triton") if (p, i) != ("neighbours", "triton")]
 CASES += [("intervals", "mosaic")]
 

@@ -9,7 +9,6 @@ import pytest
 
 import sparse_attn.kernels  # noqa: F401
 from sparse_attn.attention import attention, available_implementations, default_implementation
-from sparse_attn.executors.xla import xla_attention
 from sparse_attn.kernels import BlockSizes, KernelConfig, metadata, pallas_attention
 from sparse_attn.patterns.neighbours import NeighbourList
 from tests.kernels import cases
@@ -43,17 +42,15 @@ def test_explicit_pallas_on_cpu_runs_interpreted_triton_kernels():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=5e-5)
 
 
-def test_neighbour_lists_are_served_by_the_xla_gather():
+def test_pallas_on_a_neighbour_list_is_an_error_naming_what_can_run():
+    """No kernel for K <= 3 rows (docs/kernels.md): an explicit "pallas" fails; None picks the XLA gather."""
     n = 64
-    ks = jax.random.split(jax.random.key(1), 4)
-    q = jax.random.normal(ks[0], (1, n, 2, 16))
-    k, v = (jax.random.normal(x, (1, n, 2, 16)) for x in ks[1:3])
+    q = k = v = jnp.zeros((1, n, 2, 16))
     idx = jnp.arange(n, dtype=jnp.int32)[:, None] - jnp.arange(3, dtype=jnp.int32)[None]
     nl = NeighbourList(jnp.maximum(idx, 0)[None, None], (idx >= 0)[None, None])
-    got = pallas_attention(q, k, v, nl, 0.25)
-    want = xla_attention(q, k, v, nl, 0.25)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    with pytest.raises(ValueError, match=r"one of \['reference', 'xla'\].*NeighbourList"):
+        attention(q, k, v, nl, implementation="pallas")
+    assert default_implementation("gpu", NeighbourList) == "xla"
 
 
 def test_platform_defaults():

@@ -1,0 +1,106 @@
+"""The executor registry: (pattern type, implementation name) -> executor, with one contract.
+
+An executor is `fn(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, *, scale, **options) -> (out, lse)`: `out` in q's
+dtype, `lse` float32 [B, N, H] (-inf on rows with no allowed key). A pattern type is any class with
+`num_tokens`, `validate(batch, heads)` and `to_dense()` (bool [B|1, H|1, N, N]); registering its first executor
+also registers "reference" for it (the dense oracle over `to_dense()`), so every pattern type has its oracle.
+
+`implementation=None` resolves per pattern type and platform to the executor registered as that platform's
+default (the fastest measured there), else the first one registered after "reference".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+_ALIASES = {"cuda": "gpu", "rocm": "gpu"}
+
+
+@dataclasses.dataclass
+class _Entries:
+    fns: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    defaults: dict[str, str] = dataclasses.field(default_factory=dict)  # platform -> name
+
+
+_TABLE: dict[type, _Entries] = {}
+_REFERENCE: list[Callable] = []  # set once by executors/reference.py
+
+
+def set_reference(fn: Callable) -> None:
+    """The oracle every pattern type gets as "reference" (registered by `executors.reference`)."""
+    _REFERENCE[:] = [fn]
+    for entries in _TABLE.values():
+        entries.fns.setdefault("reference", fn)
+
+
+def register_executor(
+    pattern_type: type, name: str, fn: Callable, *, default_on: tuple[str, ...] | str = ()
+) -> None:
+    """Registers `fn` as implementation `name` for `pattern_type` (replacing an earlier one of that name).
+
+    Args:
+      pattern_type: the pattern class `fn` runs (subclasses inherit it unless they register their own).
+      name: the implementation name, e.g. "xla", "pallas", or what a mechanism executor does ("packed").
+      fn: `fn(q, k, v, pattern, *, scale, **options) -> (out, lse)`.
+      default_on: platforms ("cpu", "gpu", "tpu") where `implementation=None` picks it.
+    """
+    if not isinstance(pattern_type, type):
+        raise ValueError(f"pattern_type must be a class, got {pattern_type!r}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"executor name must be a non-empty string, got {name!r}")
+    default_on = (default_on,) if isinstance(default_on, str) else tuple(default_on)
+    for p in default_on:
+        if p not in PLATFORMS:
+            raise ValueError(f"default_on platforms must be among {PLATFORMS}, got {p!r}")
+    entries = _TABLE.setdefault(pattern_type, _Entries())
+    if _REFERENCE:
+        entries.fns.setdefault("reference", _REFERENCE[0])
+    entries.fns[name] = fn
+    for p in default_on:
+        entries.defaults[p] = name
+
+
+def _entries(pattern_type: type) -> _Entries | None:
+    for cls in pattern_type.__mro__:
+        if cls in _TABLE:
+            return _TABLE[cls]
+    return None
+
+
+def pattern_types() -> tuple[type, ...]:
+    return tuple(_TABLE)
+
+
+def implementations(pattern_type: type) -> tuple[str, ...]:
+    """Names registered for a pattern type (empty if the type is not registered)."""
+    entries = _entries(pattern_type)
+    return () if entries is None else tuple(entries.fns)
+
+
+def default(pattern_type: type, platform: str) -> str:
+    """The implementation `None` picks for this pattern type on this platform."""
+    entries = _entries(pattern_type)
+    if entries is None:
+        raise ValueError(f"no executor is registered for pattern type {pattern_type.__name__}")
+    platform = _ALIASES.get(platform, platform)
+    if platform in entries.defaults:
+        return entries.defaults[platform]
+    if "cpu" in entries.defaults:  # the portable choice
+        return entries.defaults["cpu"]
+    return next((n for n in entries.fns if n != "reference"), "reference")
+
+
+def lookup(pattern_type: type, name: str) -> Callable:
+    """The executor `name` for a pattern type; ValueError naming what can run it otherwise."""
+    entries = _entries(pattern_type)
+    if entries is None:
+        known = sorted(t.__name__ for t in _TABLE)
+        raise ValueError(f"pattern must be one of the registered pattern types {known}, got {pattern_type.__name__}")
+    if not isinstance(name, str) or name not in entries.fns:
+        raise ValueError(
+            f"implementation must be None or one of {sorted(entries.fns)}, got {name!r} "
+            f"(not an implementation of {pattern_type.__name__} patterns)"
+        )
+    return entries.fns[name]
