@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments.attention_names import parse_names
 from sparse_attn.data import RandomWindows, StdlibSource, TextSource, TfdsSource, eval_batches
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import BigBirdAttention, DenseAttention, LocalAttention, LongformerAttention
@@ -239,8 +240,7 @@ def main(argv=None) -> dict:
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     config = CONFIGS[args.config]()
     if args.attention:
-        names = args.attention.split(",")
-        names = names * config.model.num_layers if len(names) == 1 else names
+        names = parse_names(args.attention, config.model.num_layers)
         att = tuple(attention_by_name(n, config.train.seq_len) for n in names)
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, attention=att))
     if args.num_steps is not None:
