@@ -1,0 +1,285 @@
+"""Sequence classification (seed 002's study): a bidirectional encoder with attention chosen per layer.
+
+    .venv/bin/python -m experiments.classify --task listops --n 512 --attention dense --config small
+
+Tasks (`sparse_attn.data.tasks`, docs/tasks.md): listops, dyck (n = padded length), pathfinder (n = size**2),
+digits (n = 64), cifar10 (n = 1024 grayscale or 3072 RGB; needs the TFDS data prepared). Attention: one name
+for every layer or one per layer, `--attention dense,dense,routing_defect,routing_defect,dense,dense`; names
+in `experiments/attention_names.py` (dense, local, longformer, bigbird, abca, abca_fixed, abca_learned, labels,
+routing_defect, routing_brick, routing_adjacent). Pixel tasks feed one token per pixel (as LRA).
+
+Configs (each function's docstring has its command and expected result): `smoke` (CI, seconds), `small`
+(CPU, minutes), `seed` (the seed's 6 x 256 encoder; a GPU job). The workdir gets the loop's `metrics.jsonl`,
+`checkpoints/` (re-running resumes), and `result.json`: validation accuracy (per depth/distance bucket for
+ListOps/Dyck), loss, training FLOPs (experiments/classify_metrics.py), compiled train-step memory, time per
+step, tokens/s and every layer's statistics. `--results FILE` also appends the result as one JSON line (the
+grid, `experiments/classify_grid.py`, and the report, `experiments/report_results.py`, read those). The
+"valid" records of `metrics.jsonl` are batch means of sums (`correct`, `count`, ...): accuracy = correct / count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shlex
+import sys
+
+import jax
+
+from experiments import classify_metrics as cm
+from experiments.attention_names import CLASSIFIER_NAMES, Anchors, classifier_attention, parse_names
+from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, TaskBatches, eval_batches
+from sparse_attn.data.tasks import listops as listops_lib
+from sparse_attn.models import TransformerClassifier, TransformerConfig
+from sparse_attn.train import TrainConfig
+from sparse_attn.train import train_and_evaluate as train_loop
+
+TASKS = ("listops", "dyck", "pathfinder", "digits", "cifar10")
+Task = ListOps | Dyck | Pathfinder | Digits | Cifar10
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClassifyConfig:
+    """One run: task (its config fixes the data), attention names per layer, model, training, eval size."""
+
+    name: str
+    task_name: str
+    task: Task
+    attention: tuple[str, ...]
+    model: TransformerConfig
+    train: TrainConfig
+    num_validation: int
+
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+def make_task(name: str, n: int, *, num_train: int, num_validation: int) -> Task:
+    """The task config for sequence length `n` (generated tasks hold `num_train` / `num_validation` examples)."""
+    sizes = dict(num_train=num_train, num_validation=num_validation)
+    if name == "listops":
+        return ListOps(seq_len=n, **sizes)
+    if name == "dyck":
+        return Dyck(seq_len=n, **sizes)
+    if name == "pathfinder":
+        size = math.isqrt(n)
+        if size * size != n:
+            raise ValueError(f"pathfinder needs n = size**2 (1024, 4096, ...), got {n}")
+        return Pathfinder(size=size, **sizes)
+    if name == "digits":
+        if n != 64:
+            raise ValueError(f"digits images are 8x8: n must be 64, got {n}")
+        return Digits()
+    if name == "cifar10":
+        if n not in (1024, 3072):
+            raise ValueError(f"cifar10 has n = 1024 (grayscale) or 3072 (RGB), got {n}")
+        return Cifar10(grayscale=n == 1024)
+    raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+
+
+def task_anchors(task: Task) -> Anchors:
+    """ABCA anchors per task. ListOps: `]` (a zone ends with each sub-expression). Dyck: the closers of
+    bracket type 0 (the module takes one anchor id, so ~1/(2k) of the tokens; the learned placement
+    targets every closer). Images: row starts (every `width` pixels)."""
+    if isinstance(task, ListOps):
+        return Anchors(anchor_id=listops_lib.CLOSE, boundary_ids=(listops_lib.CLOSE,), vocab_size=task.vocab_size)
+    if isinstance(task, Dyck):
+        closers = tuple(range(1 + task.k, 1 + 2 * task.k))
+        return Anchors(anchor_id=closers[0], boundary_ids=closers, vocab_size=task.vocab_size)
+    return Anchors(interval=task.size if isinstance(task, Pathfinder) else task.width)
+
+
+def task_buckets(task: Task) -> cm.Buckets | None:
+    if isinstance(task, ListOps):
+        return cm.listops_buckets()
+    if isinstance(task, Dyck):
+        return cm.dyck_buckets(task.seq_len, task.min_distance)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+def _config(name, task_name, n, attention, *, layers, dim, heads, mlp, num_train, num_validation, **train):
+    task = make_task(task_name, n, num_train=num_train, num_validation=num_validation)
+    names = parse_names(attention, layers)
+    anchors = task_anchors(task)
+    model = TransformerConfig(
+        vocab_size=task.vocab_size, model_dim=dim, num_heads=heads, num_layers=layers, mlp_dim=mlp,
+        num_classes=task.num_classes, attention=tuple(classifier_attention(a, n=n, anchors=anchors) for a in names),
+    )
+    return ClassifyConfig(name=name, task_name=task_name, task=task, attention=names, model=model,
+                          train=TrainConfig(seq_len=n, **train), num_validation=num_validation)
+
+
+def smoke(task: str = "listops", n: int = 64, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
+    """CI: 1 layer x 32 wide, 4 steps of 8 sequences, 16 validation examples; seconds on CPU.
+
+    `python -m experiments.classify --task listops --n 64 --config smoke`. Expected: it runs, checkpoints at
+    steps 2 and 4, and writes result.json; the accuracy of 4 steps means nothing.
+    """
+    return _config("smoke", task, n, attention, layers=1, dim=32, heads=2, mlp=64, num_train=64, num_validation=16,
+                   seed=seed, global_batch=8, num_steps=4, learning_rate=1e-3, warmup_steps=1,
+                   checkpoint_every=2, eval_every=4, eval_batches=2, progress=False)
+
+
+def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
+    """CPU (2 cores): 2 layers x 64 wide (~0.1M params), 300 steps of 32 sequences, 512 validation examples.
+
+    `python -m experiments.classify --task digits --n 64 --attention dense --config small`. Measured on
+    digits n=64 (shared 2-core machine): see docs/results.md (a smoke-scale sample, not the study).
+    Other tasks and lengths: not yet run.
+    """
+    return _config("small", task, n, attention, layers=2, dim=64, heads=4, mlp=256, num_train=96_000, num_validation=512,
+                   seed=seed, global_batch=32, num_steps=300, learning_rate=2e-3, warmup_steps=30,
+                   checkpoint_every=100, eval_every=100, eval_batches=16)
+
+
+def seed(task: str = "listops", n: int = 512, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
+    """Seed 002's encoder: 6 layers x 256 wide (4 heads of 64, MLP 1024; ~5M params), 10k steps of 32
+    sequences (LRA ListOps scale), 2000 validation examples. One GPU (H100/H200 class).
+
+    `python -m experiments.classify --task listops --n 512 --attention dense --config seed`; the study's
+    cells: `python -m experiments.classify_grid --grid seed002`. Not yet run: record wall clock and accuracy
+    here (and in docs/results.md) after the first runs.
+    """
+    return _config("seed", task, n, attention, layers=6, dim=256, heads=4, mlp=1024, num_train=96_000,
+                   num_validation=2_000, seed=seed, global_batch=32, num_steps=10_000, learning_rate=5e-4,
+                   warmup_steps=500, checkpoint_every=1000, eval_every=1000, eval_batches=63)
+
+
+CONFIGS = {"smoke": smoke, "small": small, "seed": seed}
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+# May differ on resume: executors compute the same attention (tested against the reference).
+ALWAYS_ALLOWED = ("model.attention*.implementation",)
+
+
+def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_changes=(), command: str = "") -> dict:
+    """Train (or resume) in `workdir`; returns the result row (also `<workdir>/result.json`)."""
+    tc, task = config.train, config.task
+    shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
+    train_source = task.source("train")
+    valid_source = task.source("validation")
+    num_valid = min(config.num_validation, len(valid_source))
+    # Built once: generated tasks cost ~1 ms per example, and every evaluation reads the same set.
+    valid = list(eval_batches(valid_source, global_batch=tc.global_batch, num_examples=num_valid, **shard))
+    buckets = task_buckets(task)
+    summary = train_loop(
+        tc, workdir,
+        make_model=lambda rngs: TransformerClassifier(config.model, rngs=rngs),
+        loss_fn=cm.classification_loss,
+        eval_fn=cm.make_eval_fn(config.model, tc.seq_len, buckets),
+        train_iter=TaskBatches(train_source, global_batch=tc.global_batch, seed=tc.seed, **shard),
+        eval_batches=lambda: valid,
+        experiment={"name": config.name, "task_name": config.task_name, "task": task, "attention": list(config.attention),
+                    "model": config.model, "num_validation": num_valid},
+        allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
+        log=log,
+    )
+    row = json_safe(result_row(config, summary, workdir, num_validation=num_valid, command=command))
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "result.json"), "w") as f:
+            json.dump(row, f, indent=1)
+    return row
+
+
+def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_validation: int, command: str = "") -> dict:
+    """One JSON line of results: the run's identity, accuracy, FLOPs, memory, speed and statistics."""
+    m = config.model
+    heads, head_dim = m.num_heads, m.model_dim // m.num_heads
+    evals = cm.summarize({k: v for k, v in summary["eval"].items() if k != "step"}, task_buckets(config.task),
+                         heads=heads, head_dim=head_dim)
+    tc = config.train
+    flops = cm.training_flops(
+        param_count=summary["param_count"], embed_params=m.vocab_size * m.model_dim,
+        head_params=m.model_dim * m.num_classes + m.num_classes, global_batch=tc.global_batch, seq_len=tc.seq_len,
+        attn_fwd_flops_per_example=evals["attn_fwd_flops_per_example"],
+    )
+    mem = summary.get("memory_mib", {})
+    peak = (mem.get("argument_mib", 0) + mem.get("output_mib", 0) - mem.get("alias_mib", 0)
+            + mem.get("temp_mib", 0)) if mem else float("nan")
+    tok_s = summary["tokens_per_s"]
+    train = summary.get("train", {})
+    return {
+        "kind": "classify",
+        "task": config.task_name, "n": tc.seq_len, "attention": ",".join(config.attention),
+        "config": config.name, "seed": tc.seed, "steps": summary["step"],
+        "accuracy": evals["accuracy"], "valid_loss": evals["valid_loss"],
+        "accuracy_by_bucket": evals.get("accuracy_by_bucket"),
+        "train_loss": train.get("nll"), "train_accuracy": train.get("accuracy"),
+        "param_count": summary["param_count"],
+        "flops": {**flops, "total": flops["per_step"] * summary["step"]},
+        "memory_mib": {**mem, "peak_mib": peak},
+        "step_s": tc.global_batch * tc.seq_len / tok_s if tok_s and math.isfinite(tok_s) else None,
+        "tokens_per_s": tok_s if math.isfinite(tok_s) else None,
+        "wall_s": summary["wall_s"],
+        "layers": [{"attention": a, **layer} for a, layer in zip(config.attention, evals["layers"], strict=True)],
+        "model": {"layers": m.num_layers, "dim": m.model_dim, "heads": m.num_heads, "mlp": m.mlp_dim},
+        "global_batch": tc.global_batch, "num_validation": num_validation,
+        "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command, "workdir": workdir,
+    }
+
+
+def json_safe(x):
+    """NaN/inf (e.g. an empty bucket's accuracy) -> None, so every line is strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
+
+
+def default_workdir(args) -> str:
+    att = args.attention.replace(",", "+")
+    return os.path.join("runs", "classify", f"{args.task}_n{args.n}_{att}_{args.config}_s{args.seed}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=TASKS, required=True)
+    parser.add_argument("--n", type=int, required=True, help="sequence length (images: pixels)")
+    parser.add_argument("--attention", default="dense",
+                        help=f"comma-separated, one per layer or one for all: {', '.join(CLASSIFIER_NAMES)}")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    parser.add_argument("--seed", type=int, default=0, help="init and batch order (the data set is fixed)")
+    parser.add_argument("--num_steps", type=int)
+    parser.add_argument("--workdir", help="default runs/classify/<task>_n<n>_<attention>_<config>_s<seed>")
+    parser.add_argument("--results", help="append the result row to this JSONL file")
+    parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
+                        help="on resume, accept this config field (fnmatch pattern) differing; repeatable")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> ClassifyConfig:
+    config = CONFIGS[args.config](args.task, args.n, args.attention, args.seed)
+    if args.num_steps is not None:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
+    return config
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    config = config_from_args(args)
+    command = "python -m experiments.classify " + shlex.join(argv if argv is not None else sys.argv[1:])
+    row = train_and_evaluate(config, args.workdir or default_workdir(args), allowed_changes=args.allow_change,
+                             command=command)
+    if args.results and jax.process_index() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+        with open(args.results, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    print(json.dumps({k: row[k] for k in ("task", "n", "attention", "steps", "accuracy", "valid_loss", "step_s")}))
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""The classification runner: every task's smoke config, exact resume after a mid-run Ctrl-C, the CLI, the
+FLOP count of every mechanism family, the grid's bookkeeping and the results report."""
+
+import dataclasses
+import json
+import math
+import os
+import signal
+
+import pytest
+
+from experiments import attention_names, classify, classify_grid, report_results
+from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, RoutingAttentionConfig
+from sparse_attn.train import read_metrics
+
+QUIET = dict(log=lambda m: None)
+
+
+def _check_row(row, *, task, attention):
+    assert row["task"] == task and row["n"] == 64 and row["attention"] == attention and row["steps"] == 4
+    assert row["config"] == "smoke" and 0.0 <= row["accuracy"] <= 1.0 and math.isfinite(row["valid_loss"])
+    assert row["num_validation"] == 16
+    fl = row["flops"]
+    assert 0 < fl["attention_per_step"] < fl["per_step"] and fl["total"] == pytest.approx(4 * fl["per_step"])
+    (layer,) = row["layers"]
+    assert layer["attention"] == attention and layer["attn_fwd_flops_per_example"] > 0
+    assert row["memory_mib"]["temp_mib"] > 0 and row["memory_mib"]["peak_mib"] > row["memory_mib"]["temp_mib"]
+    assert row["step_s"] > 0 and row["tokens_per_s"] > 0
+    json.dumps(row, allow_nan=False)  # strict JSON: empty buckets are None, not NaN
+    return layer
+
+
+@pytest.mark.parametrize("task,attention", [
+    ("listops", "abca"),            # explicit anchors at `]`; module-reported FLOPs
+    ("dyck", "routing_defect"),     # FLOPs from surviving arcs
+    ("pathfinder", "local"),        # FLOPs from the pattern's statistics
+])
+def test_smoke_config_of_each_task(tmp_path, task, attention):
+    row = classify.train_and_evaluate(classify.smoke(task, 64, attention), str(tmp_path), **QUIET)
+    layer = _check_row(row, task=task, attention=attention)
+    assert 0 < layer["attn_vs_dense"] < 1  # sparse: fewer pairs than dense
+    with open(tmp_path / "result.json") as f:
+        assert json.load(f)["accuracy"] == row["accuracy"]
+    assert sorted(read_metrics(str(tmp_path))) == [1, 2, 3, 4]
+    if task == "listops":
+        assert layer["stats"]["abca/anchors"] > 0  # ListOps has `]` tokens: explicit anchors exist
+    if task == "dyck":
+        assert layer["stats"]["arcs"] > 0
+    if task in ("listops", "dyck"):  # accuracy by depth / distance bucket covers every example once
+        buckets = row["accuracy_by_bucket"]
+        assert sum(b["fraction"] for b in buckets.values()) == pytest.approx(1.0)
+        weighted = sum(b["fraction"] * b["accuracy"] for b in buckets.values() if b["accuracy"] is not None)
+        assert weighted == pytest.approx(row["accuracy"])
+    else:
+        assert row["accuracy_by_bucket"] is None
+
+
+def test_cli_digits_dense_appends_a_result_line(tmp_path):
+    results = tmp_path / "results" / "digits.jsonl"
+    argv = ["--task", "digits", "--n", "64", "--attention", "dense", "--config", "smoke",
+            "--workdir", str(tmp_path / "run"), "--results", str(results)]
+    row = classify.main(argv)
+    _check_row(row, task="digits", attention="dense")
+    assert row["layers"][0]["attn_vs_dense"] == pytest.approx(1.0)
+    (line,) = results.read_text().splitlines()
+    assert json.loads(line)["command"] == "python -m experiments.classify " + " ".join(argv)
+
+
+def test_resume_mid_run_equals_uninterrupted(tmp_path):
+    config = classify.smoke("listops", 64, "dense")
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, eval_every=2))
+    reference = classify.train_and_evaluate(config, str(tmp_path / "ref"), **QUIET)
+
+    def ctrl_c_after_step_2(msg):
+        if msg.startswith("step 2: valid"):  # logged after step 2 is saved and evaluated
+            signal.raise_signal(signal.SIGINT)
+
+    workdir = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt, match="after step 2"):
+        classify.train_and_evaluate(config, workdir, log=ctrl_c_after_step_2)
+    assert sorted(read_metrics(workdir)) == [1, 2]
+    resumed = classify.train_and_evaluate(config, workdir, **QUIET)
+    for split in ("train", "valid"):
+        ref = read_metrics(str(tmp_path / "ref"), split)
+        assert read_metrics(workdir, split) == ref and ref
+    timing = ("step_s", "tokens_per_s", "wall_s", "date", "workdir")
+    assert {k: v for k, v in resumed.items() if k not in timing} == {
+        k: v for k, v in reference.items() if k not in timing}
+
+
+def test_cli_parses_task_n_attention_config():
+    args = classify.parse_args(["--task", "listops", "--n", "512", "--attention", "local,routing_brick",
+                                "--config", "seed", "--seed", "2"])
+    assert classify.default_workdir(args) == os.path.join("runs", "classify", "listops_n512_local+routing_brick_seed_s2")
+    with pytest.raises(ValueError, match="2 attention names"):  # the seed config has 6 layers
+        classify.config_from_args(args)
+    args = classify.parse_args(["--task", "dyck", "--n", "128", "--attention", "local,dense,abca,abca_learned,"
+                                "labels,routing_defect", "--config", "seed", "--num_steps", "7"])
+    config = classify.config_from_args(args)
+    att = config.model.attention
+    assert config.task.seq_len == config.train.seq_len == 128 and config.train.num_steps == 7
+    assert isinstance(att[0], LocalAttention) and att[0].radius == 32
+    assert att[2].placement == "explicit" and att[2].anchor_id == 1 + config.task.k  # type-0 closer
+    assert att[3].placement == "learned" and att[3].boundary_ids == tuple(range(9, 17))
+    assert isinstance(att[5], RoutingAttentionConfig) and att[5].router == "defect_pair"
+    # Images have no anchor token: `abca` anchors row starts.
+    image = classify.smoke("pathfinder", 1024, "abca").model.attention[0]
+    assert isinstance(image, AnchorAttentionConfig) and (image.placement, image.interval) == ("fixed", 32)
+    for bad in (["--task", "digits", "--n", "128"], ["--task", "pathfinder", "--n", "1000"]):
+        with pytest.raises(ValueError):
+            classify.config_from_args(classify.parse_args([*bad, "--config", "smoke"]))
+    with pytest.raises(ValueError, match="unknown attention"):
+        classify.smoke("listops", 64, "flash")
+    with pytest.raises(SystemExit):
+        classify.parse_args(["--task", "mnist", "--n", "64"])
+
+
+def test_parse_names():
+    assert attention_names.parse_names("local", 3) == ("local",) * 3
+    assert attention_names.parse_names("local, dense", 2) == ("local", "dense")
+    for bad in ("local,dense", "local,,dense", ""):
+        with pytest.raises(ValueError):
+            attention_names.parse_names(bad, 3)
+
+
+def _row(task, n, attention, seed, acc, config="small", **extra):
+    return {"kind": "classify", "task": task, "n": n, "attention": attention, "config": config, "seed": seed,
+            "steps": 300, "accuracy": acc, "valid_loss": 1.0 - acc, "flops": {"total": 2e12, "per_step": 6.7e9},
+            "memory_mib": {"peak_mib": 10.0 * n / 64, "temp_mib": 8.0}, "step_s": 0.05, "tokens_per_s": 4e4,
+            "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0}],
+            "param_count": 1000, "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
+            **extra}
+
+
+def test_report_renders_from_synthetic_jsonl(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    rows = [_row("listops", n, att, s, acc) for n in (128, 512) for att in ("dense", "local")
+            for s, acc in ((0, 0.30), (1, 0.40))]
+    rows.append(_row("listops", 2048, "dense", 0, 0.35, accuracy_by_bucket={"1-2": {"accuracy": 0.5,
+                                                                                     "fraction": 1.0}}))
+    (results / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    (results / "dyck.jsonl").write_text(json.dumps(_row("dyck", 64, "dense", 0, 0.6, config="smoke")) + "\n")
+    out = tmp_path / "docs" / "results.md"
+    written = report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"))
+    text = out.read_text()
+    assert "| listops | small | 128 | dense | 2 | 0.350 ± 0.071 |" in text  # mean ± std over two seeds
+    assert "| listops | small | 2048 | dense | 1 | 0.350 |" in text
+    assert "python -m experiments.classify --task listops --n 512 --seed 0" in text
+    assert "smoke" in text and "1-2: 0.50" in text
+    for path in written:
+        assert path.endswith(".png") and os.path.getsize(path) > 1000
+    assert len(written) == 4  # accuracy vs n and vs memory, per task
+
+
+def test_report_with_no_rows(tmp_path):
+    out = tmp_path / "results.md"
+    assert report_results.render(str(tmp_path), str(out), plots_dir=str(tmp_path)) == []
+    assert "No results yet" in out.read_text()
+
+
+def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
+    cells = [classify_grid.Cell("digits", 64, "dense", 0), classify_grid.Cell("digits", 64, "local", 0)]
+    done_row = {"kind": "classify", "task": "digits", "n": 64, "attention": "dense", "seed": 0, "config": "smoke",
+                "steps": 4}
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    (results_dir / "digits.jsonl").write_text(json.dumps(done_row) + "\n")
+    calls = []
+
+    def fake_run(argv, timeout_s):
+        calls.append((argv, timeout_s))
+        out = argv[argv.index("--results") + 1]
+        with open(out, "a") as f:
+            f.write(json.dumps({**done_row, "attention": "local"}) + "\n")
+        return 0
+
+    status = classify_grid.run_grid(cells, config="smoke", num_steps=None, results_dir=str(results_dir),
+                                    runs_dir=str(tmp_path / "runs"), time_limit_s=30, run=fake_run, log=lambda m: None)
+    assert status == {cells[0]: "done before", cells[1]: "finished"}
+    ((argv, timeout_s),) = calls
+    assert argv[:8] == ["--task", "digits", "--n", "64", "--attention", "local", "--config", "smoke"]
+    assert timeout_s == 30
+    lines = (results_dir / "digits.jsonl").read_text().splitlines()
+    assert [json.loads(x)["attention"] for x in lines] == ["dense", "local"]
+    # A cell that times out leaves no row and is reported; rerunning resumes it.
+    status = classify_grid.run_grid([classify_grid.Cell("digits", 64, "bigbird", 1)], config="smoke",
+                                    num_steps=None, results_dir=str(results_dir), runs_dir=str(tmp_path / "runs"),
+                                    time_limit_s=30, run=lambda argv, t: 124, log=lambda m: None)
+    assert list(status.values()) == ["timed out (rerun to resume)"]
+    assert len((results_dir / "digits.jsonl").read_text().splitlines()) == 2
+    seed002 = classify_grid.GRIDS["seed002"]
+    assert len(set(seed002)) == len(seed002)
+    assert {(c.task, c.n, c.attention) for c in seed002} >= {("listops", 2048, "routing_defect"), ("dyck", 128, "local")}
