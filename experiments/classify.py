@@ -207,7 +207,7 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
     train = summary.get("train", {})
     return {
         "kind": "classify",
-        "task": config.task_name, "n": tc.seq_len, "attention": ",".join(config.attention),
+        "task": config.task_name, "n": tc.seq_len, "attention": attention_spec(config.attention),
         "config": config.name, "seed": tc.seed, "steps": summary["step"],
         "accuracy": evals["accuracy"], "valid_loss": evals["valid_loss"],
         "accuracy_by_bucket": evals.get("accuracy_by_bucket"),
@@ -226,6 +226,11 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command, "workdir": workdir,
     }
+
+
+def attention_spec(names: tuple[str, ...]) -> str:
+    """The `--attention` value for per-layer names: one name if every layer has it (the grid's key)."""
+    return names[0] if len(set(names)) == 1 else ",".join(names)
 
 
 def json_safe(x):

@@ -38,7 +38,7 @@ python -m experiments.report_results   # this page
 * **seeds**: runs (init and batch-order seeds) in the row; the data set is the same for every seed.
 * **accuracy**: validation accuracy over real examples (filler rows of the last batch weighted out), mean ± sample
   std over seeds. **by bucket**: mean accuracy per ListOps operator depth or Dyck probe distance bucket.
-* **loss**: validation cross-entropy (nats). **train PFLOP**: total training FLOPs, 6 · params · tokens for
+* **loss**: validation cross-entropy (nats). **train FLOP**: total training FLOPs, 6 · params · tokens for
   projections and MLPs plus 3 × the forward attention FLOPs of each layer's pattern (4 · head_dim per allowed
   query-key pair and head; experiments/classify_metrics.py); validation loss against it is "loss per training FLOP".
 * **attn/dense**: allowed attention pairs relative to dense attention, mean over layers.
@@ -93,7 +93,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "acc": _mean(accs), "acc_std": statistics.stdev(accs) if len(accs) > 1 else None,
             "buckets": {k: statistics.fmean(v) for k, v in buckets.items()},
             "loss": _mean(r.get("valid_loss") for r in runs),
-            "pflop": _mean((r.get("flops") or {}).get("total", 0) / 1e15 for r in runs),
+            "flop": _mean((r.get("flops") or {}).get("total") for r in runs),
             "attn_ratio": _mean(_mean(layer.get("attn_vs_dense") for layer in r.get("layers", [])) for r in runs),
             "peak": _mean((r.get("memory_mib") or {}).get("peak_mib") for r in runs),
             "temp": _mean((r.get("memory_mib") or {}).get("temp_mib") for r in runs),
@@ -106,7 +106,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def table(entries: list[dict]) -> str:
-    head = ("| task | config | n | attention | seeds | accuracy | by bucket | loss | train PFLOP | attn/dense "
+    head = ("| task | config | n | attention | seeds | accuracy | by bucket | loss | train FLOP | attn/dense "
             "| peak MiB | temp MiB | ms/step | tokens/s | steps | command |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
@@ -114,7 +114,7 @@ def table(entries: list[dict]) -> str:
         buckets = ", ".join(f"{k}: {v:.2f}" for k, v in e["buckets"].items()) or "–"
         lines.append(
             f"| {e['task']} | {e['config']} | {e['n']} | {e['attention']} | {e['seeds']} | {acc} | {buckets} "
-            f"| {_fmt(e['loss'], '.3f')} | {_fmt(e['pflop'], '.3g')} | {_fmt(e['attn_ratio'], '.2f')} "
+            f"| {_fmt(e['loss'], '.3f')} | {_fmt(e['flop'], '.3g')} | {_fmt(e['attn_ratio'], '.2f')} "
             f"| {_fmt(e['peak'], '.1f')} | {_fmt(e['temp'], '.1f')} | {_fmt(e['ms'], '.1f')} "
             f"| {_fmt(e['tok_s'], ',.0f')} | {e['steps']} | `{e['command']}` |")
     return "\n".join(lines)
@@ -156,9 +156,11 @@ def plot_task(task: str, entries: list[dict], plots_dir: str) -> list[str]:
     return paths
 
 
-def render(results_dir: str, out: str, *, plots_dir: str) -> list[str]:
-    """Write the report to `out` and its plots to `plots_dir`; returns the plot paths."""
-    entries = summarize(load_rows(results_dir))
+def render(results_dir: str, out: str, *, plots_dir: str, note: str = "") -> list[str]:
+    """Write the report to `out` and its plots to `plots_dir`; returns the plot paths. `note`: a paragraph
+    under the status line (e.g. the machine and its load)."""
+    rows = load_rows(results_dir)
+    entries = summarize(rows)
     configs = sorted({e["config"] for e in entries})
     if not entries:
         status = "No results yet: run the grid (below)."
@@ -168,6 +170,11 @@ def render(results_dir: str, out: str, *, plots_dir: str) -> list[str]:
         status = (f"**Configs present: {', '.join(configs)}.** Rows with a config other than `seed` are smoke-scale "
                   "samples that check the pipeline end to end (tiny models, few steps, CPU); they are not the "
                   "study and say nothing about the mechanisms.")
+    backends = sorted({f"{r.get('backend', '?')} (jax {r.get('jax', '?')})" for r in rows})
+    if backends:
+        status += f" Backends: {', '.join(backends)}."
+    if note:
+        status += "\n\n" + note
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     os.makedirs(plots_dir, exist_ok=True)
     parts, plots = [HEADER.format(status=status)], []
@@ -189,8 +196,9 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--results_dir", default=os.path.join("experiments", "results"))
     parser.add_argument("--out", default=os.path.join("docs", "results.md"))
     parser.add_argument("--plots_dir", default=os.path.join("experiments", "results"))
+    parser.add_argument("--note", default="", help="a paragraph under the status line (machine, load, caveats)")
     args = parser.parse_args(argv)
-    paths = render(args.results_dir, args.out, plots_dir=args.plots_dir)
+    paths = render(args.results_dir, args.out, plots_dir=args.plots_dir, note=args.note)
     print(f"wrote {args.out} and {len(paths)} plots")
     return paths
 

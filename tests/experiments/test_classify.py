@@ -103,6 +103,8 @@ def test_cli_parses_task_n_attention_config():
     assert att[2].placement == "explicit" and att[2].anchor_id == 1 + config.task.k  # type-0 closer
     assert att[3].placement == "learned" and att[3].boundary_ids == tuple(range(9, 17))
     assert isinstance(att[5], RoutingAttentionConfig) and att[5].router == "defect_pair"
+    assert classify.attention_spec(config.attention) == args.attention  # rows name the cell as the grid does
+    assert classify.attention_spec(classify.seed("dyck", 128, "local").attention) == "local"
     # Images have no anchor token: `abca` anchors row starts.
     image = classify.smoke("pathfinder", 1024, "abca").model.attention[0]
     assert isinstance(image, AnchorAttentionConfig) and (image.placement, image.interval) == ("fixed", 32)
@@ -128,7 +130,7 @@ def _row(task, n, attention, seed, acc, config="small", **extra):
             "steps": 300, "accuracy": acc, "valid_loss": 1.0 - acc, "flops": {"total": 2e12, "per_step": 6.7e9},
             "memory_mib": {"peak_mib": 10.0 * n / 64, "temp_mib": 8.0}, "step_s": 0.05, "tokens_per_s": 4e4,
             "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0}],
-            "param_count": 1000, "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
+            "param_count": 1000, "backend": "cpu", "jax": "0.10.2", "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
             **extra}
 
 
@@ -142,8 +144,11 @@ def test_report_renders_from_synthetic_jsonl(tmp_path):
     (results / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
     (results / "dyck.jsonl").write_text(json.dumps(_row("dyck", 64, "dense", 0, 0.6, config="smoke")) + "\n")
     out = tmp_path / "docs" / "results.md"
-    written = report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"))
+    written = report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"),
+                                    note="Measured on a shared machine.")
     text = out.read_text()
+    assert "Rows with a config other than `seed` are smoke-scale" in text and "Measured on a shared machine." in text
+    assert "Backends: cpu (jax 0.10.2)." in text
     assert "| listops | small | 128 | dense | 2 | 0.350 ± 0.071 |" in text  # mean ± std over two seeds
     assert "| listops | small | 2048 | dense | 1 | 0.350 |" in text
     assert "python -m experiments.classify --task listops --n 512 --seed 0" in text
