@@ -32,7 +32,8 @@ import jax
 
 from experiments import classify_metrics as cm
 from experiments.attention_names import CLASSIFIER_NAMES, Anchors, classifier_attention, parse_names
-from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, TaskBatches, eval_batches
+from experiments.prefetch import PrefetchBatches
+from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, eval_batches
 from sparse_attn.data.tasks import listops as listops_lib
 from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.train import TrainConfig
@@ -129,10 +130,12 @@ def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int
     """CPU (2 cores): 2 layers x 64 wide (~0.1M params), 300 steps of 32 sequences, 512 validation examples.
 
     `python -m experiments.classify --task digits --n 64 --attention dense --config small`. Measured on
-    digits n=64 (shared 2-core machine): see docs/results.md (a smoke-scale sample, not the study).
-    Other tasks and lengths: not yet run.
+    digits n=64 (all 359 validation images; 2 CPU cores shared with other jobs, ~40 s wall per run,
+    deterministic): validation accuracy 0.485 with dense, 0.632 with local (radius 16) in both layers, one
+    seed; a pipeline sample, not a comparison (docs/results.md). Other tasks and lengths: not yet run.
     """
-    return _config("small", task, n, attention, layers=2, dim=64, heads=4, mlp=256, num_train=96_000, num_validation=512,
+    return _config("small", task, n, attention, layers=2, dim=64, heads=4, mlp=256, num_train=96_000,
+                   num_validation=512,
                    seed=seed, global_batch=32, num_steps=300, learning_rate=2e-3, warmup_steps=30,
                    checkpoint_every=100, eval_every=100, eval_batches=16)
 
@@ -169,23 +172,28 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
     # Built once: generated tasks cost ~1 ms per example, and every evaluation reads the same set.
     valid = list(eval_batches(valid_source, global_batch=tc.global_batch, num_examples=num_valid, **shard))
     buckets = task_buckets(task)
-    summary = train_loop(
-        tc, workdir,
-        make_model=lambda rngs: TransformerClassifier(config.model, rngs=rngs),
-        loss_fn=cm.classification_loss,
-        eval_fn=cm.make_eval_fn(config.model, tc.seq_len, buckets),
-        train_iter=TaskBatches(train_source, global_batch=tc.global_batch, seed=tc.seed, **shard),
-        eval_batches=lambda: valid,
-        experiment={"name": config.name, "task_name": config.task_name, "task": task, "attention": list(config.attention),
-                    "model": config.model, "num_validation": num_valid},
-        allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
-        log=log,
-    )
+    train_iter = PrefetchBatches(train_source, global_batch=tc.global_batch, seed=tc.seed, **shard)
+    try:
+        summary = train_loop(
+            tc, workdir,
+            make_model=lambda rngs: TransformerClassifier(config.model, rngs=rngs),
+            loss_fn=cm.classification_loss,
+            eval_fn=cm.make_eval_fn(config.model, tc.seq_len, buckets),
+            train_iter=train_iter,
+            eval_batches=lambda: valid,
+            experiment={"name": config.name, "task_name": config.task_name, "task": task,
+                        "attention": list(config.attention), "model": config.model, "num_validation": num_valid},
+            allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
+            log=log,
+        )
+    finally:
+        train_iter.close()
     row = json_safe(result_row(config, summary, workdir, num_validation=num_valid, command=command))
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "result.json"), "w") as f:
             json.dump(row, f, indent=1)
     return row
+
 
 
 def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_validation: int, command: str = "") -> dict:

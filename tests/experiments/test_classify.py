@@ -10,6 +10,8 @@ import signal
 import pytest
 
 from experiments import attention_names, classify, classify_grid, report_results
+from experiments.prefetch import PrefetchBatches
+from sparse_attn.data.tasks import TaskBatches
 from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, RoutingAttentionConfig
 from sparse_attn.train import read_metrics
 
@@ -91,7 +93,8 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path):
 def test_cli_parses_task_n_attention_config():
     args = classify.parse_args(["--task", "listops", "--n", "512", "--attention", "local,routing_brick",
                                 "--config", "seed", "--seed", "2"])
-    assert classify.default_workdir(args) == os.path.join("runs", "classify", "listops_n512_local+routing_brick_seed_s2")
+    workdir = os.path.join("runs", "classify", "listops_n512_local+routing_brick_seed_s2")
+    assert classify.default_workdir(args) == workdir
     with pytest.raises(ValueError, match="2 attention names"):  # the seed config has 6 layers
         classify.config_from_args(args)
     args = classify.parse_args(["--task", "dyck", "--n", "128", "--attention", "local,dense,abca,abca_learned,"
@@ -130,7 +133,8 @@ def _row(task, n, attention, seed, acc, config="small", **extra):
             "steps": 300, "accuracy": acc, "valid_loss": 1.0 - acc, "flops": {"total": 2e12, "per_step": 6.7e9},
             "memory_mib": {"peak_mib": 10.0 * n / 64, "temp_mib": 8.0}, "step_s": 0.05, "tokens_per_s": 4e4,
             "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0}],
-            "param_count": 1000, "backend": "cpu", "jax": "0.10.2", "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
+            "param_count": 1000, "backend": "cpu", "jax": "0.10.2",
+            "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
             **extra}
 
 
@@ -196,4 +200,23 @@ def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
     assert len((results_dir / "digits.jsonl").read_text().splitlines()) == 2
     seed002 = classify_grid.GRIDS["seed002"]
     assert len(set(seed002)) == len(seed002)
-    assert {(c.task, c.n, c.attention) for c in seed002} >= {("listops", 2048, "routing_defect"), ("dyck", 128, "local")}
+    cells = {(c.task, c.n, c.attention) for c in seed002}
+    assert cells >= {("listops", 2048, "routing_defect"), ("dyck", 128, "local")}
+
+
+def test_prefetch_gives_task_batches_and_resumes():
+    source = classify.make_task("listops", 64, num_train=40, num_validation=8).source("train")
+    plain = TaskBatches(source, global_batch=8, seed=3)
+    expected = [next(plain) for _ in range(7)]  # crosses an epoch (40 examples = 5 batches)
+    pre = PrefetchBatches(source, global_batch=8, seed=3, depth=2)
+    try:
+        for b in expected[:4]:
+            assert {k: v.tolist() for k, v in next(pre).items()} == {k: v.tolist() for k, v in b.items()}
+        assert pre.get_state() == {"seed": 3, "step": 4}  # batches built ahead are not counted
+        pre.set_state({"seed": 3, "step": 2})
+        for b in expected[2:7]:
+            assert {k: v.tolist() for k, v in next(pre).items()} == {k: v.tolist() for k, v in b.items()}
+        with pytest.raises(ValueError, match="seed"):
+            pre.set_state({"seed": 4, "step": 0})
+    finally:
+        pre.close()
