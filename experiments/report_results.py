@@ -45,6 +45,9 @@ python -m experiments.report_results   # this page
 * **peak MiB**: XLA's compiled memory analysis of the train step (arguments + outputs − aliased + temporaries);
   **temp MiB**: its temporaries (activations and workspace).
 * **ms/step**, **tokens/s**: wall clock of the training loop (evaluation pauses included) on the row's backend.
+* **layer statistics**: per layer, keys per query (allowed pairs per live token and head) and, where the mechanism
+  reports them, ABCA anchors per sequence, mean zone size and inserted (fallback) anchors, label attention's mean
+  degree and disconnected fraction, routing's surviving arcs per head; every statistic is in the JSONL rows.
 * **command**: the command of the row's first seed (`--seed` selects the others).
 """
 
@@ -67,6 +70,24 @@ def load_rows(results_dir: str) -> list[dict]:
 def _mean(values):
     values = [v for v in values if v is not None and math.isfinite(v)]
     return statistics.fmean(values) if values else None
+
+
+# Layer statistics shown in the table (all of them are in the JSONL rows).
+STATS = {"abca/anchors": "anchors", "abca/mean_zone": "zone", "abca/inserted_anchors": "inserted",
+         "mean_degree": "degree", "frac_disconnected": "disconnected", "arcs": "arcs"}
+
+
+def _layer_stats(runs: list[dict]) -> str:
+    """`L0 keys 28.8; L1 keys 3.0 arcs 1.2`: keys per query and the listed statistics, mean over seeds."""
+    parts = []
+    for i in range(max((len(r.get("layers", [])) for r in runs), default=0)):
+        layers = [r["layers"][i] for r in runs if len(r.get("layers", [])) > i]
+        vals = {"keys": _mean(layer.get("keys_per_query") for layer in layers)}
+        for key, short in STATS.items():
+            vals[short] = _mean((layer.get("stats") or {}).get(key) for layer in layers)
+        shown = " ".join(f"{k} {v:.3g}" for k, v in vals.items() if v is not None)
+        parts.append(f"L{i} {shown}" if shown else f"L{i} –")
+    return "; ".join(parts) or "–"
 
 
 def _fmt(v, spec):
@@ -99,6 +120,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "temp": _mean((r.get("memory_mib") or {}).get("temp_mib") for r in runs),
             "ms": _mean(1e3 * r["step_s"] if r.get("step_s") else None for r in runs),
             "tok_s": _mean(r.get("tokens_per_s") for r in runs),
+            "layer_stats": _layer_stats(runs),
             "steps": runs[0].get("steps"), "backend": runs[0].get("backend", "?"),
             "command": runs[0].get("command", ""),
         })
@@ -107,7 +129,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def table(entries: list[dict]) -> str:
     head = ("| task | config | n | attention | seeds | accuracy | by bucket | loss | train FLOP | attn/dense "
-            "| peak MiB | temp MiB | ms/step | tokens/s | steps | command |")
+            "| peak MiB | temp MiB | ms/step | tokens/s | layer statistics | steps | command |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
         acc = _fmt(e["acc"], ".3f") + ("" if e["acc_std"] is None else f" ± {e['acc_std']:.3f}")
@@ -116,7 +138,7 @@ def table(entries: list[dict]) -> str:
             f"| {e['task']} | {e['config']} | {e['n']} | {e['attention']} | {e['seeds']} | {acc} | {buckets} "
             f"| {_fmt(e['loss'], '.3f')} | {_fmt(e['flop'], '.3g')} | {_fmt(e['attn_ratio'], '.2f')} "
             f"| {_fmt(e['peak'], '.1f')} | {_fmt(e['temp'], '.1f')} | {_fmt(e['ms'], '.1f')} "
-            f"| {_fmt(e['tok_s'], ',.0f')} | {e['steps']} | `{e['command']}` |")
+            f"| {_fmt(e['tok_s'], ',.0f')} | {e['layer_stats']} | {e['steps']} | `{e['command']}` |")
     return "\n".join(lines)
 
 

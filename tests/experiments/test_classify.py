@@ -132,7 +132,9 @@ def _row(task, n, attention, seed, acc, config="small", **extra):
     return {"kind": "classify", "task": task, "n": n, "attention": attention, "config": config, "seed": seed,
             "steps": 300, "accuracy": acc, "valid_loss": 1.0 - acc, "flops": {"total": 2e12, "per_step": 6.7e9},
             "memory_mib": {"peak_mib": 10.0 * n / 64, "temp_mib": 8.0}, "step_s": 0.05, "tokens_per_s": 4e4,
-            "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0}],
+            "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0,
+                        "keys_per_query": 0.5 * n if attention != "dense" else n,
+                        "stats": {"arcs": 1.5} if attention == "local" else {}}],
             "param_count": 1000, "backend": "cpu", "jax": "0.10.2",
             "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
             **extra}
@@ -157,6 +159,7 @@ def test_report_renders_from_synthetic_jsonl(tmp_path):
     assert "| listops | small | 2048 | dense | 1 | 0.350 |" in text
     assert "python -m experiments.classify --task listops --n 512 --seed 0" in text
     assert "smoke" in text and "1-2: 0.50" in text
+    assert "| L0 keys 64 arcs 1.5 |" in text and "| L0 keys 2.05e+03 |" in text
     for path in written:
         assert path.endswith(".png") and os.path.getsize(path) > 1000
     assert len(written) == 4  # accuracy vs n and vs memory, per task
