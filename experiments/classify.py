@@ -45,7 +45,10 @@ Task = ListOps | Dyck | Pathfinder | Digits | Cifar10
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassifyConfig:
-    """One run: task (its config fixes the data), attention names per layer, model, training, eval size."""
+    """One run: task (its config fixes the data), attention names per layer, model, training, eval size.
+
+    Evaluation covers the first `num_validation` validation examples (`train.eval_batches` is not used).
+    """
 
     name: str
     task_name: str

@@ -7,9 +7,11 @@ import math
 import os
 import signal
 
+import jax.numpy as jnp
 import pytest
 
 from experiments import attention_names, classify, classify_grid, report_results
+from experiments import classify_metrics as cm
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
 from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, RoutingAttentionConfig
@@ -223,3 +225,18 @@ def test_prefetch_gives_task_batches_and_resumes():
             pre.set_state({"seed": 4, "step": 0})
     finally:
         pre.close()
+
+
+def test_layer_attention_flops_per_family():
+    vl = jnp.asarray([10, 64, 33], jnp.int32)
+    kw = dict(n=64, valid_len_B=vl, heads=2, head_dim=16)
+    # Local window of radius 5 inside each valid prefix, counted by hand.
+    pairs = sum(min(i + 5, v - 1) - max(i - 5, 0) + 1 for v in (10, 64, 33) for i in range(v))
+    assert float(cm.layer_attention_flops(LocalAttention(radius=5), {}, **kw)) == 4 * 16 * 2 * pairs
+    dense = cm.layer_attention_flops(attention_names.classifier_attention("dense", n=64), {}, **kw)
+    assert float(dense) == 4 * 16 * 2 * (10**2 + 64**2 + 33**2)
+    routing = RoutingAttentionConfig()
+    assert float(cm.layer_attention_flops(routing, {"arcs": 2.0}, **kw)) == 4 * 16 * 2 * (107 + 3 * 2.0)
+    assert cm.layer_attention_flops(AnchorAttentionConfig(), {"abca/attn_flops": 7.0}, **kw) == 7.0
+    with pytest.raises(ValueError, match="no attention FLOP count"):
+        cm.layer_attention_flops(routing, {"zones": 1.0}, **kw)
