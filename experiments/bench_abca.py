@@ -10,7 +10,7 @@ shared Q/K/V/O projections are excluded. Forward+backward differentiates w.r.t. 
 Dense is `jax.nn.dot_product_attention` on the same q, k, v. Rows: anchors every 256 (n=4096 with H=4, n=16384
 with H=1), random zone sizes uniform in [128, 384] (same mean 256), anchors every 32 with the zone cap at 256 (k is
 twice a handshake page, so the many-page handshake branch runs), and the same core through the library's
-block-gather executor ("xla_blocks", the worst-case-span alternative). Acceptance: fwd+bwd >= 8x faster than dense
+block-gather executor ("xla", the worst-case-span alternative; the packed rows are "packed"). Acceptance: fwd+bwd >= 8x faster than dense
 at 4096 and >= 30x at 16384, compiled memory (temp + args + outputs) >= 8x smaller at 4096.
 """
 
@@ -126,13 +126,13 @@ def run(args) -> list[benchlib.Row]:
         rows.append(measure_dense(n, heads, args))
         _print(rows[-1])
         plan = [
-            ("abca_every256", "xla", anchors_fixed(n, 256), 256),
-            ("abca_random128-384", "xla", anchors_random(n, 128, 384), 384),
+            ("abca_every256", "packed", anchors_fixed(n, 256), 256),
+            ("abca_random128-384", "packed", anchors_random(n, 128, 384), 384),
             # twice the anchors one handshake page holds (4 ceil(n / max_zone)): the many-page handshake branch
-            ("abca_every32_cap256", "xla", anchors_fixed(n, 32), 256),
+            ("abca_every32_cap256", "packed", anchors_fixed(n, 32), 256),
         ]
         if n <= args.blocks_max_n:
-            plan.append(("abca_every256", "xla_blocks", anchors_fixed(n, 256), 256))
+            plan.append(("abca_every256", "xla", anchors_fixed(n, 256), 256))
         for name, impl, mask, max_zone in plan:
             rows.append(measure_core(name, impl, n, heads, mask, max_zone, args))
             _print(rows[-1])

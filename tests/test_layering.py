@@ -1,4 +1,6 @@
-"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train."""
+"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train; no import
+cycles between the package's modules; no import of the package's own modules hidden inside a function or a
+conditional (a lazy import is how a cycle hides)."""
 
 import ast
 import pathlib
@@ -7,6 +9,7 @@ ROOT = pathlib.Path(__file__).parent.parent / "sparse_attn"
 RANK = {
     "patterns": 0,
     "data": 0,
+    "rope": 0,
     "executors": 1,
     "kernels": 2,
     "attention": 3,
@@ -43,4 +46,71 @@ def test_no_import_points_upward():
                 other = layer(name)
                 if other in RANK and own in RANK and RANK[other] > RANK[own]:
                     bad.append(f"{rel} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _runtime_imports(tree, modules, own: str):
+    """(node, imported module) for the module-level imports of the package's own modules (TYPE_CHECKING excluded);
+    `from pkg import name` points at pkg.name when that is a module."""
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            yield from ((node, a.name) for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else ".".join(own.split(".")[: -node.level] + [node.module])
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            yield from ((node, m) for m in (subs or ([base] if base in modules else [])))
+
+
+def test_every_top_level_name_has_a_layer():
+    names = {p.relative_to(ROOT).with_suffix("").parts[0] for p in ROOT.rglob("*.py")} - {"__init__"}
+    assert names <= set(RANK), f"give {sorted(names - set(RANK))} a rank in RANK"
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {m: {t for _, t in _runtime_imports(ast.parse(p.read_text()), modules, m)} for m, p in modules.items()}
+    state, cycles = {}, []
+
+    def visit(m, stack):
+        state[m] = "open"
+        for t in sorted(graph[m]):
+            if state.get(t) == "open":
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
+            elif t not in state:
+                visit(t, stack + [t])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_lazy_imports_of_the_package():
+    """Imports of sparse_attn modules sit at module level (optional third-party dependencies may be lazy)."""
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        allowed = {id(n) for n in tree.body}
+        for node in tree.body:
+            if _is_type_checking(node):
+                allowed |= {id(n) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in allowed or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or "."]
+            if getattr(node, "level", 0) or any(n.split(".")[0] == "sparse_attn" for n in names):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {ast.unparse(node)}")
     assert not bad, "\n".join(bad)

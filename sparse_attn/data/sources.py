@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sparse_attn.data.corpus import ByteCorpus, stdlib_corpus, text_corpus
+from sparse_attn.data.tfds_text import tfds_text_corpus  # imports tensorflow_datasets only when called
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +42,5 @@ class TfdsSource:
     max_examples: int | None = None
 
     def load(self) -> ByteCorpus:
-        from sparse_attn.data.tfds_text import tfds_text_corpus  # noqa: PLC0415 — optional extra
-
         return tfds_text_corpus(self.name, train_split=self.train_split, valid_split=self.valid_split,
                                 feature=self.feature, data_dir=self.data_dir, max_examples=self.max_examples)

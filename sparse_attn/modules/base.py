@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.rope import apply_rope
+from sparse_attn.rope import apply_rope
 
 
 @jax.tree_util.register_dataclass

@@ -67,8 +67,8 @@ def test_reference_matches_loop_definition(cfg):
 # gqa: 4 query heads over 2 KV heads (`_setup_gqa`)
 @pytest.mark.parametrize(
     "cfg,impl,gqa",
-    [(0, "xla", False), (3, "xla", False), (4, "xla", False), (1, "xla_blocks", False), (2, "pallas", False)]
-    + [(3, "pallas", False), (2, "xla", True), (3, "xla", True), (0, "pallas", True)],
+    [(0, "packed", False), (3, "packed", False), (4, "packed", False), (1, "xla", False), (2, "pallas", False)]
+    + [(3, "pallas", False), (2, "packed", True), (3, "packed", True), (0, "pallas", True)],
 )
 def test_implementations_match_reference(cfg, impl, gqa):
     kw = CONFIGS[cfg]
@@ -132,7 +132,7 @@ def test_xla_bf16_close_to_fp32_reference(cfg):
     args16, w16 = bf(args), bf(w)
     up = lambda xs: [x.astype(jnp.float32) for x in xs]
     ref = jax.jit(_core(zones, w, implementation="reference", **kw))(*up(args16), *up(w16))
-    fast = _core(zones, w, implementation="xla", **kw)
+    fast = _core(zones, w, implementation="packed", **kw)
     out = jax.jit(fast)(*args16, *w16)
     assert out.dtype == jnp.bfloat16
     # Anchor states round to bf16 between stages (up to 3 residual handshake steps, |state| up to ~10): measured max
@@ -171,7 +171,7 @@ def test_xla_matches_reference_on_random_configurations(seed):
 
         return f
 
-    ref, fast = core("reference"), core("xla")
+    ref, fast = core("reference"), core("packed")
     np.testing.assert_allclose(jax.jit(fast)(*args), jax.jit(ref)(*args), atol=1e-5, rtol=1e-5)
     loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args)

@@ -88,3 +88,27 @@ def test_slot_loop_runs_used_slots_in_order_and_skips_the_rest():
     seen = abca_packed._slot_loop(start, jnp.array([4]), 3, 40, lambda acc, slot: acc * 10 + slot + 1, jnp.int32(0))
     # Chunks of 3 slots: the two chunks holding slots 0..5 run (steps past the last used chunk are skipped).
     assert int(seen) == 123456
+
+
+@pytest.mark.parametrize("stage,causal", [("layer", False), ("gather", True), ("zones", False)])
+def test_zone_pattern_packed_matches_its_reference_through_attention(stage, causal):
+    """ABCA's own pattern type through the entry point: "packed" == "reference" (out, lse and gradients of both)."""
+    zones = _zones(3, 6)
+    pattern = abca.ZonePattern(zones, stage=stage, causal=causal, max_zone=6)
+    q, k, v = _qkv(2, 4, 2)
+    ct = jax.random.normal(jax.random.PRNGKey(5), q.shape)
+
+    def run(impl):
+        def f(q, k, v):
+            out, lse = sparse_attn.attention(q, k, v, pattern, implementation=impl, scale=0.4, return_lse=True)
+            return jnp.sum(out * ct) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), (out, lse)
+
+        return jax.jit(jax.value_and_grad(f, (0, 1, 2), has_aux=True))(q, k, v)
+
+    ((_, (o1, l1)), g1), ((_, (o2, l2)), g2) = run("packed"), run("reference")
+    np.testing.assert_allclose(o1, o2, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.isneginf(l1), np.isneginf(l2))
+    np.testing.assert_allclose(np.where(np.isinf(l2), 0, l1), np.where(np.isinf(l2), 0, l2), atol=1e-5, rtol=1e-5)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+    assert sparse_attn.default_implementation("cpu", abca.ZonePattern) == "packed"

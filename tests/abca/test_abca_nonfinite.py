@@ -3,7 +3,7 @@
 The guarantee (docs/abca.md): padding of q, k, v (and of the layer input) changes nothing, forward or backward; a
 non-finite value at a valid position makes exactly the rows that read it NaN; the packed executor's gradients of a
 loss that skips those rows equal a clean run's, with exactly 0 at the planted position. The core is checked on the
-default "xla" path and on "reference" (its stages through the generic executors).
+default "packed" path and on "reference" (its stages through the generic executors).
 """
 
 import jax
@@ -105,7 +105,7 @@ def _core_fn(zones, **kw):
     return f
 
 
-@pytest.mark.parametrize("implementation", ["xla", "reference"])  # "reference": the generic executors' guarantee
+@pytest.mark.parametrize("implementation", ["packed", "reference"])  # "reference": the generic executors' guarantee
 def test_core_padding_is_invisible_and_valid_nonfinite_reaches_only_readers(implementation):
     zones = _zones(4)
     core = _core_fn(zones, handshake_steps=2, implementation=implementation)

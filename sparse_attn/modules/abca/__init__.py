@@ -1,6 +1,6 @@
 """ABCA attention (seed 000): the NNX module, its config, and the attention core it runs."""
 
-from sparse_attn.modules.abca.anchor_ops import AnchorProjections
+from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.modules.abca.config import AnchorAttentionConfig
 from sparse_attn.modules.abca.core import abca_core
 from sparse_attn.modules.abca.module import AnchorAttention

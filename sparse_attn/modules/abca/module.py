@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
 from flax import nnx
 
-from sparse_attn.modules.abca.anchor_ops import AnchorProjections
-from sparse_attn.modules.abca.config import AnchorAttentionConfig
+from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.modules.abca.core import abca_core
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.patterns import abca
+
+if TYPE_CHECKING:  # the config builds this module (`make`), so the module imports it for annotations only
+    from sparse_attn.modules.abca.config import AnchorAttentionConfig
 
 
 class AnchorAttention(nnx.Module):
@@ -105,7 +109,7 @@ class AnchorAttention(nnx.Module):
             max_anchors=cfg.max_anchors,
             head_dim=q.shape[-1],
             heads=q.shape[2],
-            slot_width=(cfg.slot_width or cfg.max_zone) if cfg.implementation == "xla" else None,
+            slot_width=cfg.slot_width or cfg.max_zone,  # used when the core reports `slots_used` ("packed")
         )
         stats = {f"abca/{k}": jax.lax.stop_gradient(v) for k, v in stats.items()}
         aux_losses = {} if aux is None else {"abca/placement": aux}

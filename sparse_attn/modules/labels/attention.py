@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from typing import TYPE_CHECKING
+
 from flax import nnx
 
 from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
-from sparse_attn.modules.labels.config import LabelAttentionConfig
 from sparse_attn.modules.labels.router import RoutingHead
 from sparse_attn.modules.labels.soft_attention import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
@@ -16,6 +17,9 @@ from sparse_attn.patterns.labels import losses, schedule, soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.buckets import bucket_sizes
 from sparse_attn.patterns.labels.stats import label_stats
+
+if TYPE_CHECKING:  # the config builds this module (`make`), so the module imports it for annotations only
+    from sparse_attn.modules.labels.config import LabelAttentionConfig
 
 
 def label_core(q, k, v, r_BxPxNxL, cfg: LabelAttentionConfig, base: BaseGraph, *, step, valid_len):

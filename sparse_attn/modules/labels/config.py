@@ -6,6 +6,7 @@ import dataclasses
 
 from flax import nnx
 
+from sparse_attn.modules.labels.attention import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import schedule
 
@@ -61,6 +62,4 @@ class LabelAttentionConfig:
         schedule.phase(0, soft_steps=self.soft_steps, straight_through_steps=self.straight_through_steps)
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
-        from sparse_attn.modules.labels.attention import LabelAttention
-
         return LabelAttention(self, model_dim, num_heads, rngs=rngs)

@@ -4,6 +4,7 @@ from sparse_attn.patterns.abca.handshake import anchor_positions, chain_handshak
 from sparse_attn.patterns.abca.layer_pattern import (
     gather_intervals,
     gather_lo_hi,
+    ZonePattern,
     layer_intervals,
     zone_intervals,
     zone_lo_hi,
@@ -19,6 +20,7 @@ from sparse_attn.patterns.abca.placement import (
 from sparse_attn.patterns.abca.zones import Zones, compute_zones, zone_sizes, zone_stats
 
 __all__ = [
+    "ZonePattern",
     "Zones",
     "anchor_positions",
     "chain_handshake",

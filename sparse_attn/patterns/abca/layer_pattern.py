@@ -9,6 +9,8 @@ holds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -64,3 +66,44 @@ def layer_intervals(zones: Zones, *, causal: bool, max_zone: int) -> Intervals:
     lo = jnp.where(anchors, glo, zlo)
     hi = jnp.where(anchors, ghi, zhi)
     return _pattern(lo, hi, anchors | tokens, zones, causal, max_zone)
+
+
+STAGES = ("gather", "zones", "layer")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ZonePattern:
+    """ABCA's own pattern type: stage 1 ("gather"), stage 3 ("zones") or both ("layer") over `zones`.
+
+    A first-class pattern for `sparse_attn.attention`: `to_dense()` is the oracle ("reference"), "xla" and
+    "pallas" run its `intervals()`, and "packed" runs the key-major anchor gather and the zones packed in slots.
+    Every query's keys are one contiguous range within `max_zone` of it (the zone cap must hold).
+    """
+
+    zones: Zones
+    stage: str = dataclasses.field(default="layer", metadata={"static": True})
+    causal: bool = dataclasses.field(default=False, metadata={"static": True})
+    max_zone: int = dataclasses.field(default=1, metadata={"static": True})
+
+    @property
+    def num_tokens(self) -> int:
+        return self.zones.num_tokens
+
+    def intervals(self) -> Intervals:
+        build = {"gather": gather_intervals, "zones": zone_intervals, "layer": layer_intervals}[self.stage]
+        return build(self.zones, causal=self.causal, max_zone=self.max_zone)
+
+    def validate(self, batch: int | None = None, heads: int | None = None) -> ZonePattern:
+        if self.stage not in STAGES:
+            raise ValueError(f"ZonePattern.stage must be one of {STAGES}, got {self.stage!r}")
+        if not isinstance(self.max_zone, int) or self.max_zone < 1:
+            raise ValueError(f"ZonePattern.max_zone must be an int >= 1, got {self.max_zone!r}")
+        if batch is not None and self.zones.is_anchor.shape[0] != batch:
+            raise ValueError(f"ZonePattern.zones has batch {self.zones.is_anchor.shape[0]}, expected {batch}")
+        self.intervals().validate(batch, heads)
+        return self
+
+    def to_dense(self) -> jax.Array:
+        """bool[B, 1, N, N]: the oracle mask."""
+        return self.intervals().to_dense()

@@ -15,17 +15,30 @@ from sparse_attn.patterns.labels.base_graph import BaseGraph
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LabelPattern:
-    """Label bitmasks over a base graph.
+    """Label bitmasks over a base graph: label attention's own pattern type for `sparse_attn.attention`.
+
+    Executors: "bucketed" (label buckets, log-sum-exp merge; needs `labels`), "xla" / "pallas" (the window
+    `Intervals` carrying the bits, so the kernels' label-bit test runs; no landmarks), "reference".
 
     Attributes:
       bits: uint32[B|1, H|1, N, W] each token's labels (W = 1 for d <= 32, 2 for d <= 64).
       valid_len: int32[B|1] or None; tokens at or after it take no part.
       base: static `BaseGraph` (window radius, landmark stride, causal).
+      labels: int32[B|1, H|1, N, k] or None: the k distinct labels `bits` packs (`from_labels`).
+      num_labels: static d, with `labels`.
     """
 
     bits: jax.Array
     valid_len: jax.Array | None = None
     base: BaseGraph = dataclasses.field(default=BaseGraph(radius=0), metadata=dict(static=True))
+    labels: jax.Array | None = None
+    num_labels: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    @classmethod
+    def from_labels(cls, labels_BxPxNxK: jax.Array, num_labels: int, *, base: BaseGraph, valid_len=None):
+        """The pattern of each token's k distinct labels in [0, num_labels) (P = 1 shared by heads, or H)."""
+        labels = jnp.asarray(labels_BxPxNxK, jnp.int32)
+        return cls(bits_lib.pack_labels(labels, num_labels), valid_len, base, labels, num_labels)
 
     @property
     def num_tokens(self) -> int:
@@ -39,6 +52,14 @@ class LabelPattern:
         if self.valid_len is not None:
             common.check_int("LabelPattern.valid_len", self.valid_len, 1)
             common.check_lead("LabelPattern.valid_len", self.valid_len.shape, batch, None)
+        if self.labels is not None:
+            lab = self.labels
+            if lab.ndim != 4 or lab.shape[:3] != b.shape[:3] or self.num_labels is None:
+                raise ValueError(
+                    f"LabelPattern.labels must be int32{tuple(b.shape[:3]) + ('k',)} with num_labels, got "
+                    f"{lab.dtype}{lab.shape}, num_labels={self.num_labels}"
+                )
+            bits_lib.check_labels(self.num_labels, lab.shape[3])
         return self
 
     def allowed(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:

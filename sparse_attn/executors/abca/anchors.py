@@ -1,4 +1,4 @@
-"""Anchor operations of the ABCA core's "xla" path: the key-major anchor gather (stage 1, position space, O(N)) and
+"""Anchor operations of ABCA's "packed" executor: the key-major anchor gather (stage 1, position space, O(N)) and
 the paged handshake (stage 2, rank space, O(k)); neither has a capacity that could drop an anchor.
 
 Anchor states live in head space, `[B, N, H, D]` (zero away from anchors). The anchor projections `w_q, w_k, w_v`
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from sparse_attn.executors.abca_packed import finite, nonfinite_rows
 from sparse_attn.executors.softmax import masked_softmax
-from sparse_attn.modules.rope import apply_rope
+from sparse_attn.rope import apply_rope
 from sparse_attn.patterns.abca.handshake import anchor_positions
 from sparse_attn.patterns.abca.zones import Zones
 
@@ -81,7 +81,8 @@ def gather_roles(zones: Zones, causal: bool) -> list[jax.Array]:
 def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *, causal: bool):
     """Stage 1 key-major: every key scores against the <= 3 anchors that read it; softmax per anchor by segment sums.
 
-    Returns anchor states [B, N, H, D] (0 at non-anchors). Exact SPEC §1 ranges with O(N) pairs, whatever k is.
+    Returns (anchor states [B, N, H, D] (0 at non-anchors), lse float32 [B, N, H] (-inf at non-anchors)). Exact
+    stage-1 ranges (docs/abca.md) with O(N) pairs, whatever k is.
     The backward pass is written out (flash-style, probabilities recomputed from the per-anchor lse), so autodiff
     keeps no per-role [B, N, H, D] residuals. Non-finite values run as 0 inside it and make the anchors that read
     them NaN: every scored pair is allowed, but the backward pass's `0 * NaN` at unused roles would spread them.
@@ -89,7 +90,8 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     gradient is exactly 0.
     """
     roles = gather_roles(zones, causal)
-    out = _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(roles), float(scale))
+    out, lse = _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(roles), float(scale))
+    lse = jnp.where(lse == jnp.inf, -jnp.inf, lse)
     q_bad, k_bad = nonfinite_rows(q_BxNxHxD), nonfinite_rows(k_BxNxHxD) | nonfinite_rows(v_BxNxHxD)
     b, n, h = q_bad.shape
     bi = jnp.arange(b)[:, None]
@@ -97,7 +99,7 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     bad = jnp.zeros((b, n, h), bool)
     for r in roles:  # anchor r(p) reads q at r(p) and k, v at p
         bad = bad.at[bi, jnp.where(r >= 0, r, n)].max(kv_bad | _take(q_bad, r), mode="drop")
-    return jnp.where(bad[..., None], jnp.nan, out)
+    return jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
 
 
 def _grouped(x_BxNxHx, groups: int):
@@ -153,16 +155,18 @@ def _gather_forward(q, k, v, roles_RxBxN, scale):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _anchor_gather(q, k, v, roles, scale):
-    return _gather_forward(q, k, v, roles, scale)[0]
+    """(out, lse) with lse = +inf on rows without a key (so that exp(s - lse) = 0 there)."""
+    return _gather_forward(q, k, v, roles, scale)
 
 
 def _anchor_gather_fwd(q, k, v, roles, scale):
     out, lse = _gather_forward(q, k, v, roles, scale)
-    return out, (q, k, v, roles, out, lse)
+    return (out, lse), (q, k, v, roles, out, lse)
 
 
-def _anchor_gather_bwd(scale, res, dout):
+def _anchor_gather_bwd(scale, res, cts):
     q, k, v, roles, out, lse = res
+    dout, dlse = cts  # d lse / d s = p: dlse enters like -delta
     b, n, h = q.shape[:3]
     bi = jnp.arange(b)[:, None]
     g = k.shape[2]
@@ -172,6 +176,7 @@ def _anchor_gather_bwd(scale, res, dout):
     kv_bad = jnp.repeat(nonfinite_rows(k) | nonfinite_rows(v), h // g, axis=2)  # [B, N, H]
     dout = dout.astype(jnp.float32)
     delta = jnp.einsum("bnhd,bnhd->bnh", dout, out.astype(jnp.float32))
+    delta = delta - jnp.where(jnp.isfinite(lse), dlse, 0.0)
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)

@@ -1,0 +1,156 @@
+"""A fourth mechanism defined entirely here, touching no library file: its own pattern type and executor, run
+through `sparse_attn.attention`, a module config in `TransformerLM`, and the benchmark harness.
+
+The toy: causal strided attention, query i attends keys j <= i with (i - j) % stride == 0 (docs/architecture.md,
+"Adding a mechanism").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import sparse_attn
+from experiments import bench_attention
+from sparse_attn.models import TransformerConfig, TransformerLM
+from sparse_attn.modules import AttentionContext, AttentionOutput, DenseAttention, Projections
+
+
+# -- pattern: pure, a pytree, with the oracle -----------------------------------------------------------------
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Strided:
+    """valid_len: int32[B|1]; n, stride: static."""
+
+    valid_len: jax.Array
+    n: int = dataclasses.field(metadata=dict(static=True))
+    stride: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n
+
+    def validate(self, batch=None, heads=None) -> Strided:
+        if self.stride < 1 or self.valid_len.shape[0] not in (1, batch or self.valid_len.shape[0]):
+            raise ValueError(f"bad Strided pattern: stride {self.stride}, valid_len {self.valid_len.shape}")
+        return self
+
+    def allowed(self, q_pos, k_pos):
+        """bool[B', 1, X, Q, K] for q_pos int32[.., X, Q], k_pos int32[.., X, K] (the `pattern_stats` contract)."""
+        qi, kj = q_pos[..., :, None], k_pos[..., None, :]
+        vl = self.valid_len.reshape(-1, 1, 1, 1, 1)
+        return (kj <= qi) & ((qi - kj) % self.stride == 0) & (qi < vl) & (kj < vl)
+
+    def to_dense(self):
+        pos = jnp.arange(self.n, dtype=jnp.int32).reshape(1, 1, 1, self.n)
+        return self.allowed(pos, pos)[:, :, 0]
+
+
+# -- executor: (q, k, v, pattern, *, scale) -> (out, lse), gathering the n / stride keys of each row ----------------
+def strided_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: Strided, *, scale: float):
+    b, n, h, _ = q_BxNxHxD.shape
+    rep = h // k_BxNxGxD.shape[2]
+    pos = jnp.arange(n, dtype=jnp.int32)
+    idx_NxK = pos[:, None] - pattern.stride * jnp.arange(-(-n // pattern.stride), dtype=jnp.int32)[None]
+    vl = jnp.broadcast_to(pattern.valid_len, (b,))[:, None, None]
+    ok_BxNxK = (idx_NxK >= 0)[None] & (pos[None, :, None] < vl) & (idx_NxK[None] < vl)
+    k = jnp.repeat(k_BxNxGxD, rep, axis=2)[:, jnp.maximum(idx_NxK, 0)]  # [B, N, K, H, D]
+    v = jnp.repeat(v_BxNxGxD, rep, axis=2)[:, jnp.maximum(idx_NxK, 0)]
+    s = jnp.einsum("bnhd,bnkhd->bnhk", q_BxNxHxD, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(ok_BxNxK[:, :, None], s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))
+    tot = jnp.sum(e, axis=-1)
+    out = jnp.einsum("bnhk,bnkhd->bnhd", e / jnp.where(tot > 0, tot, 1.0)[..., None], v.astype(jnp.float32))
+    lse = jnp.where(tot > 0, jnp.log(jnp.where(tot > 0, tot, 1.0)) + m[..., 0], -jnp.inf)
+    return out.astype(q_BxNxHxD.dtype), lse
+
+
+sparse_attn.register_executor(Strided, "strided", strided_attention, default_on="cpu")
+
+
+# -- module: a frozen config with make(), an NNX module returning AttentionOutput -------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StridedAttentionConfig:
+    stride: int = 3
+    implementation: str | None = None
+
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> StridedAttention:
+        return StridedAttention(self, model_dim, num_heads, rngs=rngs)
+
+
+class StridedAttention(nnx.Module):
+    def __init__(self, config: StridedAttentionConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
+        self.config = config
+        self.proj = Projections(model_dim, num_heads, rngs=rngs)
+
+    def __call__(self, x_BxNxD, ctx: AttentionContext) -> AttentionOutput:
+        q, k, v = self.proj.qkv(x_BxNxD)
+        pattern = Strided(jnp.asarray(ctx.valid_len, jnp.int32), x_BxNxD.shape[1], self.config.stride)
+        o = sparse_attn.attention(q, k, v, pattern, implementation=self.config.implementation)
+        return AttentionOutput(y=self.proj.out(o), stats={"strided/stride": jnp.float32(self.config.stride)})
+
+
+# -- tests ------------------------------------------------------------------------------------------------------
+def test_toy_executor_matches_its_reference_through_attention():
+    b, n, h, g, d = 2, 19, 4, 2, 8
+    ks = jax.random.split(jax.random.PRNGKey(0), 4)
+    q = jax.random.normal(ks[0], (b, n, h, d))
+    k, v = (jax.random.normal(x, (b, n, g, d)) for x in ks[1:3])
+    ct = jax.random.normal(ks[3], q.shape)
+    pattern = Strided(jnp.asarray([n, 13], jnp.int32), n, 4)
+
+    def run(impl):
+        def loss(q, k, v):
+            out, lse = sparse_attn.attention(q, k, v, pattern, implementation=impl, return_lse=True)
+            return jnp.sum(out * ct) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)), out
+
+        return jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
+
+    ((_, o1), g1), ((_, o2), g2) = run(None), run("reference")
+    assert sparse_attn.default_implementation("cpu", Strided) == "strided"
+    np.testing.assert_allclose(o1, o2, atol=1e-5, rtol=1e-5)
+    for a, c in zip(g1, g2):
+        np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_toy_module_trains_in_the_language_model():
+    cfg = TransformerConfig(
+        vocab_size=32, model_dim=32, num_heads=4, num_layers=2, mlp_dim=64,
+        attention=(StridedAttentionConfig(stride=2), DenseAttention()),
+    )  # fmt: skip
+    model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 32)
+
+    @nnx.jit
+    def step(m, o):
+        def loss_fn(m):
+            out = m(tokens[:, :-1], valid_len=jnp.array([15, 11]))
+            ce = optax.softmax_cross_entropy_with_integer_labels(out.logits, tokens[:, 1:]).mean()
+            return ce, out.stats
+
+        (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(m)
+        o.update(m, grads)
+        return loss, stats
+
+    loss0, stats = step(model, opt)
+    loss1, _ = step(model, opt)
+    assert np.isfinite(float(loss0)) and float(loss1) < float(loss0)
+    assert float(stats["layer0/strided/stride"]) == 2.0
+
+
+def test_toy_pattern_runs_in_the_benchmark_harness(monkeypatch):
+    make = bench_attention._with_pattern(lambda spec: Strided(jnp.asarray([spec.n], jnp.int32), spec.n, 8))
+    monkeypatch.setitem(bench_attention.METHODS, "strided", make)
+    args = argparse.Namespace(n=[64], methods=["strided"], impls=["strided"], batch=1, heads=2, head_dim=8,
+                              radius=8, dtype="float32", repeats=1)  # fmt: skip
+    rows = bench_attention.run(args)
+    assert [(r.method, r.impl) for r in rows] == [("dense", "jax.nn"), ("strided", "strided")]
+    assert rows[1].flops == 4.0 * 2 * sum(i // 8 + 1 for i in range(64)) * 8  # pattern_stats on the toy pattern
