@@ -68,7 +68,7 @@ def classifier_attention(name: str, *, n: int, anchors: Anchors = Anchors()):
     abca: explicit anchors at `anchors.anchor_id` (fixed every `anchors.interval` if the task has none);
     abca_fixed: every `window` tokens; abca_learned: a score head trained towards `anchors.boundary_ids`.
     routing_*: non-crossing routing with the defect-pair router, the fixed brick wall, or adjacent top-k.
-    Executors: `implementation=None` (the platform's best) where the config has a choice, "xla" for ABCA.
+    Executors: `implementation=None` (the platform's best) everywhere.
     """
     w = window_for(n)
     explicit = (

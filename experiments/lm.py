@@ -63,7 +63,7 @@ def _abca(window: int, impl: str | None):
 
     # Anchors at newline bytes (the corpus is source code: zones are lines), at most `window` bytes apart.
     return AnchorAttentionConfig(
-        placement="explicit", anchor_id=ord("\n"), vocab_size=256, max_zone=window, implementation=impl or "xla"
+        placement="explicit", anchor_id=ord("\n"), vocab_size=256, max_zone=window, implementation=impl
     )
 
 
