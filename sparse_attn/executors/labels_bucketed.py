@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +67,12 @@ def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Ar
     w = jnp.exp(lse_xS - m)
     tot = jnp.sum(w, axis=axis, keepdims=True)
     alive = tot > 0
-    out = jnp.sum(out_xSxD * jnp.expand_dims(w / jnp.where(alive, tot, 1.0), -1), axis=axis)
+    w_xS1 = jnp.expand_dims(w / jnp.where(alive, tot, 1.0), -1)
+    # S is small and static: a sum of slices, not a reduce. jaxlib 0.10.2's CPU backend segfaults running the
+    # reduce over S for some shapes (o [2, 1, 64, S=2, 2, 2, 8], axis 3: the bucket and landmark parts of a
+    # k = 1 batch of 2 under the executor's vmaps).
+    take = lambda x, s: jnp.take(x, s, axis=axis)
+    out = sum(take(out_xSxD, s) * take(w_xS1, s) for s in range(out_xSxD.shape[axis]))
     lse = jnp.where(alive, m + jnp.log(jnp.where(alive, tot, 1.0)), -jnp.inf)
     return out, jnp.squeeze(lse, axis)
 
@@ -86,16 +92,61 @@ def _unband(dx_xCxF: jax.Array, rows: int, block: int, left: int) -> jax.Array:
     return acc.reshape((-1,) + dx_xCxF.shape[2:])[a * block : a * block + rows]
 
 
-def _groups(x, group: int):
-    """[nb, ...] -> [ng, group, ...], zero-padded."""
+def _groups(x, group: int, fill=0):
+    """[nb, ...] -> [ng, group, ...], padded with `fill`."""
     ng = -(-x.shape[0] // group)
-    x = jnp.pad(x, [(0, ng * group - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+    x = jnp.pad(x, [(0, ng * group - x.shape[0])] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
     return x.reshape((ng, group) + x.shape[1:])
 
 
 def _local_rows(x_pad, i, group: int, block: int, width: int):
     """Rows of the (left-padded) entries that group i's band reads: [group * block + width - block, ...]."""
     return jax.lax.dynamic_slice_in_dim(x_pad, i * group * block, group * block + width - block)
+
+
+class Ranges(NamedTuple):
+    """What a band mask is built from: the rows' entry ranges and dedup bits, and every entry's labels."""
+
+    lo_xB: jax.Array
+    hi_xB: jax.Array
+    below_xBxW: jax.Array | None  # None for k = 1: nothing to dedup
+    bits_ExW: jax.Array
+
+
+def _mask(lo_xB, hi_xB, below_xBxW, kbits_xCxW, first_x):
+    """bool[x, B, C]: band slot c (entry first_x + c) lies in the row's range, and the row's bucket is the pair's
+    lowest shared label."""
+    kj = (first_x[:, None] + jnp.arange(kbits_xCxW.shape[1], dtype=jnp.int32)[None, :])[:, None, :]  # [x, 1, C]
+    ok_xBxC = (kj >= lo_xB[..., None]) & (kj <= hi_xB[..., None])
+    if below_xBxW is not None:
+        for w in range(below_xBxW.shape[-1]):
+            ok_xBxC = ok_xBxC & ((below_xBxW[:, :, None, w] & kbits_xCxW[:, None, :, w]) == 0)
+    return ok_xBxC
+
+
+def band_mask(ranges: Ranges, block: int, reach: int, width: int) -> jax.Array:
+    """bool[x, B, C]: the mask of every block's band [x block - reach, x block - reach + C)."""
+    nb = ranges.lo_xB.shape[0]
+    kbits = band_rows(ranges.bits_ExW, nb, block, reach, width)  # [nb, C, W]
+    return _mask(ranges.lo_xB, ranges.hi_xB, ranges.below_xBxW, kbits, jnp.arange(nb, dtype=jnp.int32) * block - reach)
+
+
+def _mask_groups(mask, group: int, left: int, rows: int):
+    """Per-group scan inputs of a mask: the groups of a precomputed one, or the ranges to build it from."""
+    if not isinstance(mask, Ranges):
+        return _groups(mask, group), None
+    below = None if mask.below_xBxW is None else _groups(mask.below_xBxW, group)
+    return (_groups(mask.lo_xB, group, 1), _groups(mask.hi_xB, group, 0), below), _padded(mask.bits_ExW, left, rows)
+
+
+def _group_mask(mask_g, bits_pad, i, group: int, block: int, left: int, width: int):
+    """bool[group, B, C]: group i's mask (built here from its ranges when not precomputed)."""
+    if bits_pad is None:
+        return mask_g
+    lo, hi, below = mask_g
+    kbits = band_rows(_local_rows(bits_pad, i, group, block, width), group, block, 0, width)
+    first = (i * group + jnp.arange(group, dtype=jnp.int32)) * block - left
+    return _mask(lo, hi, below, kbits, first)
 
 
 def _scores(q_gxBxGxRxD, k_loc, ok_gxBxC, block, scale):
@@ -108,30 +159,22 @@ def _padded(x_ExF, left: int, rows: int):
     return jnp.pad(x_ExF, [(left, rows - left - x_ExF.shape[0])] + [(0, 0)] * (x_ExF.ndim - 1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block: int, left: int, scale: float, group: int):
-    """Softmax attention of query block x over the entries [x block - left, x block - left + C) that ok allows.
-
-    Returns (out [x, B, G, R, D] float32, lse [x, G, R, B], -inf on empty rows). Blocks run `group` at a time in a
-    scan, so score-sized temporaries stay small; a flash-style custom VJP keeps only q, k, v, the mask, out and
-    lse and recomputes the scores in the backward pass.
-    """
-    return _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group)[0]
-
-
 def _geometry(nb, e, block, left, width, group):
     ng = -(-nb // group)
     rows = max(ng * group * block + width - block, left + e)
     return ng, rows
 
 
-def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group):
-    nb, width = ok_xBxC.shape[0], ok_xBxC.shape[-1]
+def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, mask, block, left, width, scale, group):
+    """mask: bool[x, B, C] precomputed, or `Ranges` to build it from one group at a time."""
+    nb = q_xBxGxRxD.shape[0]
     ng, rows = _geometry(nb, k_ExGxD.shape[0], block, left, width, group)
     k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+    mask_xs, bits_pad = _mask_groups(mask, group, left, rows)
 
     def one(_, xs):
-        q, ok, i = xs
+        q, mask_g, i = xs
+        ok = _group_mask(mask_g, bits_pad, i, group, block, left, width)
         s, _ = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
         m = jnp.max(s, axis=-1)
         m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -144,25 +187,27 @@ def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, left, scale, group):
         lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)
         return None, (o, lse)
 
-    xs = (_groups(q_xBxGxRxD, group), _groups(ok_xBxC, group), jnp.arange(ng, dtype=jnp.int32))
+    xs = (_groups(q_xBxGxRxD, group), mask_xs, jnp.arange(ng, dtype=jnp.int32))
     _, (o, lse) = jax.lax.scan(one, None, xs)
     o = o.reshape((-1,) + o.shape[2:])[:nb]
     lse = lse.reshape((-1,) + lse.shape[2:])[:nb]
-    return (o, lse), (q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, o, lse)
+    return (o, lse), (q_xBxGxRxD, k_ExGxD, v_ExGxD, mask, o, lse)
 
 
-def _band_bwd(block, left, scale, group, res, cts):
-    q_all, k_ExGxD, v_ExGxD, ok_all, o_all, lse_all = res
+def _band_bwd(block, left, width, scale, group, res, cts):
+    q_all, k_ExGxD, v_ExGxD, mask, o_all, lse_all = res
     do_all, dlse_all = cts  # the log-sum-exp merge differentiates lse too: d lse / d s = p
-    nb, width = ok_all.shape[0], ok_all.shape[-1]
+    nb = q_all.shape[0]
     e_rows = k_ExGxD.shape[0]
     ng, rows = _geometry(nb, e_rows, block, left, width, group)
     k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+    mask_xs, bits_pad = _mask_groups(mask, group, left, rows)
     span = group * block + width - block
 
     def one(carry, xs):
         dk_pad, dv_pad = carry
-        q, ok, o, lse, do, dlse, i = xs
+        q, mask_g, o, lse, do, dlse, i = xs
+        ok = _group_mask(mask_g, bits_pad, i, group, block, left, width)
         s, k = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
         live = jnp.isfinite(lse)
         p = jnp.exp(s - jnp.where(live, lse, 0.0)[..., None])  # [g, G, R, B, C]; 0 where masked
@@ -184,54 +229,138 @@ def _band_bwd(block, left, scale, group, res, cts):
         return (dk_pad, dv_pad), dq
 
     zeros = jnp.zeros((rows,) + k_ExGxD.shape[1:], jnp.float32)
-    xs = tuple(_groups(x, group) for x in (q_all, ok_all, o_all, lse_all, do_all, dlse_all))
-    (dk_pad, dv_pad), dq = jax.lax.scan(one, (zeros, zeros), xs + (jnp.arange(ng, dtype=jnp.int32),))
+    xs = tuple(_groups(x, group) for x in (q_all, o_all, lse_all, do_all, dlse_all))
+    xs = (xs[0], mask_xs) + xs[1:] + (jnp.arange(ng, dtype=jnp.int32),)
+    (dk_pad, dv_pad), dq = jax.lax.scan(one, (zeros, zeros), xs)
     dq = dq.reshape((-1,) + dq.shape[2:])[:nb]
     dk = dk_pad[left : left + e_rows].astype(k_ExGxD.dtype)
     dv = dv_pad[left : left + e_rows].astype(v_ExGxD.dtype)
     return dq, dk, dv, None
 
 
-band_attention.defvjp(_band_fwd, _band_bwd)
+def _switch(tier, reaches, branch):
+    """branch(t) for the tier in use: one static band per tier, chosen at run time (no switch for one tier)."""
+    if len(reaches) == 1:
+        return branch(0)
+    return jax.lax.switch(tier, [functools.partial(branch, t) for t in range(len(reaches))])
 
 
-def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, scale, block, reach, causal, group):
-    """Attention of every entry over its bucket range: (out[E, G, R, D], lse[E, G, R], keys[E], overflow).
+def _width(block: int, reach: int, causal: bool) -> int:
+    return block + reach + (0 if causal else reach)
 
-    Block b of entries reads the static band of entries [b block - reach, (b + 1) block + reach) (causal: up to
-    its own end): inside a bucket an entry's window range lies within `reach` entries of it unless the bucket is
-    locally denser than planned, which `overflow` counts.
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, ranges: Ranges, tier, block: int, reaches: tuple,
+                   scale: float, group: int, causal: bool):  # fmt: skip
+    """Softmax attention of each entry of query block x over its bucket range, read from a static band.
+
+    Tier t reads the entries [x block - reaches[t], (x + 1) block + reaches[t]) (causal: up to the block's end);
+    `tier` (int32, unbatched) picks the narrowest tier that holds every range, so the result is exact for any
+    labels. Tier 0's mask `ok_xBxC` comes precomputed; wider tiers build theirs from `ranges` one scan step at a
+    time. Returns (out [x, B, G, R, D] float32, lse [x, G, R, B], -inf on empty rows). Blocks run a group at a
+    time in a scan, so score-sized temporaries stay small; a flash-style custom VJP keeps only the inputs, out and
+    lse and recomputes the scores in the backward pass.
+    """
+    return _tiered_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, ranges, tier, block, reaches, scale, group, causal)[0]
+
+
+def _tiers(reaches, causal: bool, block: int, group: int):
+    """(reach, width, blocks per scan step) per tier: wider bands run fewer blocks a step (same temporaries)."""
+    w0 = _width(block, reaches[0], causal)
+    return [(r, _width(block, r, causal), max(1, group * w0 // _width(block, r, causal))) for r in reaches]
+
+
+def _tiered_fwd(q, k, v, ok, ranges, tier, block, reaches, scale, group, causal):
+    def run(t):
+        reach, width, grp = _tiers(reaches, causal, block, group)[t]
+        return _band_fwd(q, k, v, ok if t == 0 else ranges, block, reach, width, scale, grp)[0]
+
+    o, lse = _switch(tier, reaches, run)
+    return (o, lse), (q, k, v, ok, ranges, tier, o, lse)
+
+
+def _tiered_bwd(block, reaches, scale, group, causal, res, cts):
+    q, k, v, ok, ranges, tier, o, lse = res
+
+    def run(t):
+        reach, width, grp = _tiers(reaches, causal, block, group)[t]
+        return _band_bwd(block, reach, width, scale, grp, (q, k, v, ok if t == 0 else ranges, o, lse), cts)[:3]
+
+    dq, dk, dv = _switch(tier, reaches, run)
+    return dq, dk, dv, None, None, None
+
+
+band_attention.defvjp(_tiered_fwd, _tiered_bwd)
+
+
+def _band_keys(ok_xBxC, ranges: Ranges, tier, block: int, reaches: tuple, group: int, causal: bool):
+    """int32[x, B]: allowed keys of each entry in the band of the tier in use (wider tiers: a group at a time)."""
+
+    def run(t):
+        if t == 0:
+            return jnp.sum(ok_xBxC, axis=-1, dtype=jnp.int32)
+        reach, width, grp = _tiers(reaches, causal, block, group)[t]
+        nb = ranges.lo_xB.shape[0]
+        ng, rows = _geometry(nb, ranges.bits_ExW.shape[0], block, reach, width, grp)
+        mask_xs, bits_pad = _mask_groups(ranges, grp, reach, rows)
+        count = lambda xs: jnp.sum(
+            _group_mask(xs[0], bits_pad, xs[1], grp, block, reach, width), axis=-1, dtype=jnp.int32
+        )
+        return jax.lax.map(count, (mask_xs, jnp.arange(ng, dtype=jnp.int32))).reshape(-1, block)[:nb]
+
+    return _switch(tier, reaches, run)
+
+
+def fallback_reaches(reach: int, radius: int, n: int) -> tuple:
+    """Static band tiers: the planned `reach`, then x4 up to min(radius, n), which holds any bucket's range.
+
+    Inside a bucket entries have distinct positions, so an entry's range holds at most `radius` entries on each
+    side of it: a block never needs more than that, whatever the labels.
+    """
+    cap = min(radius, n)
+    tiers = [reach]
+    while tiers[-1] < cap:
+        tiers.append(min(4 * tiers[-1] if tiers[-1] else 8, cap))
+    return tuple(tiers)
+
+
+def required_reach(lo_xE, hi_xE, block: int) -> jax.Array:
+    """int32[..., E]: the reach entry e's block needs to hold e's range (0 for empty ranges)."""
+    e = lo_xE.shape[-1]
+    start = ((jnp.arange(e, dtype=jnp.int32) // block) * block).reshape((1,) * (lo_xE.ndim - 1) + (e,))
+    need = jnp.maximum(start - lo_xE, hi_xE - (start + block - 1))
+    return jnp.where(lo_xE <= hi_xE, jnp.maximum(need, 0), 0)
+
+
+def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, tier, scale, block, reaches, causal, group):
+    """Attention of every entry over its bucket range: (out[E, G, R, D], lse[E, G, R], keys[E]).
+
+    Block b of entries reads the static band of entries [b block - reach, (b + 1) block + reach) of the tier in
+    use (causal: up to its own end); `tier` is the narrowest that holds every range of the batch.
     """
     _, g, r, dh = q_NxGxRxD.shape
     e = lay.token_E.shape[0]
     nb = -(-e // block)
     pad = nb * block - e
-    width = block + reach + (0 if causal else reach)
     lo = jnp.pad(lay.lo_E, (0, pad), constant_values=1).reshape(nb, block)
     hi = jnp.pad(lay.hi_E, (0, pad), constant_values=0).reshape(nb, block)
     tok = jnp.pad(lay.token_E, (0, pad))
     q_xBxGxRxD = q_NxGxRxD[tok].reshape(nb, block, g, r, dh)
     k_ExGxD = jnp.pad(k_NxGxD[lay.token_E], ((0, pad), (0, 0), (0, 0)))
     v_ExGxD = jnp.pad(v_NxGxD[lay.token_E], ((0, pad), (0, 0), (0, 0)))
-
-    first = jnp.arange(nb, dtype=jnp.int32)[:, None] * block - reach
-    kj = (first + jnp.arange(width, dtype=jnp.int32)[None, :])[:, None, :]  # [nb, 1, C] entry index of each slot
-    ok_xBxC = (kj >= lo[..., None]) & (kj <= hi[..., None])
+    below = None
     if lay.entry_NxK.shape[1] > 1:  # k = 1: one bucket per token, nothing to dedup
         below = jnp.pad(lay.below_E, ((0, pad), (0, 0))).reshape(nb, block, -1)
-        kbits = band_rows(lay.bits_E, nb, block, reach, width)  # [nb, C, W]
-        for w in range(below.shape[-1]):
-            ok_xBxC = ok_xBxC & ((below[:, :, None, w] & kbits[:, None, :, w]) == 0)
+    ranges = Ranges(lo, hi, below, lay.bits_E)
+    ok_xBxC = band_mask(ranges, block, reaches[0], _width(block, reaches[0], causal))
 
-    o, lse = band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, block, reach, scale, group)
+    o, lse = band_attention(
+        q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, ranges, tier, block, reaches, scale, group, causal
+    )
     o = o.reshape(nb * block, g, r, dh)[:e]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:e]
-
-    live = lo <= hi
-    last = first[:, :1] + width - 1
-    missing = jnp.where(live, jnp.maximum(hi - last, 0) + jnp.maximum(first[:, :1] - lo, 0), 0)
-    keys = jnp.sum(ok_xBxC, axis=-1, dtype=jnp.int32).reshape(-1)[:e]
-    return o, lse, keys, jnp.sum(missing)
+    keys = _band_keys(ok_xBxC, ranges, tier, block, reaches, group, causal)
+    return o, lse, keys.reshape(-1)[:e]
 
 
 def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, scale):
@@ -248,12 +377,10 @@ def _landmark_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, bits_NxW, base: BaseGraph, vl, s
 
 
 def _one_sequence(
-    q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, labels_NxK, vl, *, num_labels, base, scale, block, reach, group
-):
-    lay = bucket_layout(labels_NxK, num_labels, base, vl)
-    o_E, lse_E, keys_E, overflow = _bucket_pass(
-        q_NxGxRxD, k_NxGxD, v_NxGxD, lay, scale, block, reach, base.causal, group
-    )
+    q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, labels_NxK, lay, tier, vl, *, num_labels, base, scale, block, reaches,
+    group,
+):  # fmt: skip
+    o_E, lse_E, keys_E = _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay, tier, scale, block, reaches, base.causal, group)
     outs, lses = [o_E[lay.entry_NxK]], [lse_E[lay.entry_NxK]]  # [N, k, G, R, (D)]
     keys = jnp.sum(keys_E[lay.entry_NxK], axis=1)
     # Every key entry in a bucket range shares that label with the row, so the row reads it (the dedup only picks
@@ -269,7 +396,7 @@ def _one_sequence(
         lm = jnp.asarray(base.landmarks(q_NxGxRxD.shape[0]))
         reads = reads | jnp.any(ok_NxL[:, :, None] & kv_bad_NxG[lm][None], axis=1)
     out, lse = merge_lse(jnp.concatenate(outs, 1), jnp.concatenate(lses, 1), axis=1)
-    return out, lse, keys, overflow, reads
+    return out, lse, keys, reads
 
 
 def bucketed_attention(
@@ -292,15 +419,16 @@ def bucketed_attention(
       q_BxNxHxD, k_BxNxGxD, v_BxNxGxD: queries, keys, values (GQA: H % G == 0).
       labels_BxPxNxK: int32[B|1, P, N, k] each token's k distinct labels; P = 1 (shared by heads) or H.
       num_labels: d <= 64. base: the base graph H. valid_len: int32[B] or None.
-      block: entries per block. reach: key entries read on each side of a block (static capacity; default
-        `default_reach`, planned for balanced buckets). group_entries: entries per scan step (memory bound).
+      block: entries per block. reach: key entries read on each side of a block (the planned capacity; default
+        `default_reach`, for balanced buckets; wider tiers, up to the window radius, run when a range exceeds it).
+        group_entries: entries per scan step (memory bound).
 
     Returns:
       out [B, N, H, D], lse [B, N, H] (float32, -inf on padding; a row that reads a non-finite q, k or v gives
       NaN in both, and every other row, and the gradients of a loss that skips those rows, are what finite values
-      there would give), and info: `overflow` (int32, key slots a block
-      needed beyond its reach, summed; 0 means exact), `keys` (int32[B, P, N], allowed keys per token, self
-      included).
+      there would give), exact for any labels, and info: `overflow` (int32, bucket entries over the batch whose
+      range the planned `reach` does not hold; when > 0 the batch ran a wider band tier), `reach` (int32, the
+      tier's reach that ran), `keys` (int32[B, P, N], allowed keys per token, self included).
     """
     b, n, h, dh = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
@@ -334,28 +462,26 @@ def bucketed_attention(
     labels = jnp.broadcast_to(labels_BxPxNxK, (b,) + labels_BxPxNxK.shape[1:]).astype(jnp.int32)
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
 
-    def one(q, k, v, bad, lab, length):
-        return _one_sequence(
-            q,
-            k,
-            v,
-            bad,
-            lab,
-            length,
-            num_labels=num_labels,
-            base=base,
-            scale=scale,
-            block=block,
-            reach=reach,
-            group=max(1, group_entries // block),
-        )
+    layout = lambda lab, length: bucket_layout(lab, num_labels, base, length)
+    lay = jax.vmap(jax.vmap(layout, in_axes=(0, None)))(labels, vl)
+    # One tier for the whole batch: `tier` must stay unbatched under the vmaps below, so that the switch runs one
+    # branch (a batched index would run them all).
+    reaches = fallback_reaches(reach, base.radius, n)
+    need_BxPxE = required_reach(lay.lo_E, lay.hi_E, block)
+    tier = jnp.sum(jnp.asarray(reaches[:-1], jnp.int32) < jnp.max(need_BxPxE), dtype=jnp.int32)
+    overflow = jnp.sum(need_BxPxE > reach, dtype=jnp.int32)
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, None))
-    out, lse, keys, overflow, reads = jax.vmap(per_head)(q6, k5, v5, bad4, labels, vl)
+    def one(q, k, v, bad, lab, lay, length):
+        kw = dict(num_labels=num_labels, base=base, scale=scale, block=block, reaches=reaches)
+        return _one_sequence(q, k, v, bad, lab, lay, tier, length, group=max(1, group_entries // block), **kw)
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
+    out, lse, keys, reads = jax.vmap(per_head)(q6, k5, v5, bad4, labels, lay, vl)
     # out [B, P, N, G', R', D] -> [B, N, H, D]
     out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
     lse = jnp.moveaxis(lse, 1, 2).reshape(b, n, h)
     reads = jnp.moveaxis(reads, 1, 2).reshape(b, n, -1)  # [B, N, P G']: per KV group, or per head
     bad = (q_bad | jnp.repeat(reads, h // reads.shape[-1], axis=-1)) & ~jnp.isneginf(lse)
     out, lse = jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
-    return out, lse, dict(overflow=jnp.sum(overflow), keys=keys)
+    used = jnp.asarray(reaches, jnp.int32)[tier]
+    return out, lse, dict(overflow=overflow, reach=used, keys=keys)

@@ -26,7 +26,9 @@ def label_core(q, k, v, r_BxPxNxL, cfg: LabelAttentionConfig, base: BaseGraph, *
     """Attention core from routing logits and projected q, k, v: (out [B, N, H, D], keys [B, P, N], overflow, p).
 
     The phase follows `cfg.phase` (or the step, under "schedule": one `lax.switch`, so a jitted train step never
-    recompiles when the phase changes).
+    recompiles when the phase changes). `overflow`: the hard phase's bucket entries whose range exceeded the reach
+    planned from `cfg.reach_factor`; they ran a wider band tier, so the result is exact (statistic
+    `capacity_overflow`; 0 in the soft phases).
     """
     n = q.shape[1]
     tau = schedule.temperature(step, tau_start=cfg.tau_start, tau_end=cfg.tau_end, anneal_steps=cfg.anneal_steps)
