@@ -36,7 +36,7 @@ from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, eval_batches
 from sparse_attn.data.tasks import listops as listops_lib
 from sparse_attn.models import TransformerClassifier, TransformerConfig
-from sparse_attn.train import TrainConfig
+from sparse_attn.train import TrainConfig, read_metrics
 from sparse_attn.train import train_and_evaluate as train_loop
 
 TASKS = ("listops", "dyck", "pathfinder", "digits", "cifar10")
@@ -225,6 +225,7 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
         "train_loss": train.get("nll"), "train_accuracy": train.get("accuracy"),
         "param_count": summary["param_count"],
         "flops": {**flops, "total": flops["per_step"] * summary["step"]},
+        "curve": loss_curve(workdir, flops["per_step"]),
         "memory_mib": {**mem, "peak_mib": peak},
         "step_s": tc.global_batch * tc.seq_len / tok_s if tok_s and math.isfinite(tok_s) else None,
         "tokens_per_s": tok_s if math.isfinite(tok_s) else None,
@@ -237,6 +238,15 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command, "workdir": workdir,
     }
+
+
+def loss_curve(workdir: str, flops_per_step: float) -> list[dict]:
+    """Validation accuracy and loss at every evaluation against cumulative training FLOPs ("loss per FLOP")."""
+    if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):  # only process 0 writes metrics
+        return []
+    return [{"step": step, "train_flops": step * flops_per_step, "accuracy": r["correct"] / r["count"],
+             "valid_loss": r["nll_sum"] / r["count"]}
+            for step, r in read_metrics(workdir, "valid").items() if r.get("count")]
 
 
 def attention_spec(names: tuple[str, ...]) -> str:

@@ -31,6 +31,8 @@ def _check_row(row, *, task, attention):
     assert row["memory_mib"]["temp_mib"] > 0 and row["memory_mib"]["peak_mib"] > row["memory_mib"]["temp_mib"]
     assert row["step_s"] > 0 and row["tokens_per_s"] > 0
     json.dumps(row, allow_nan=False)  # strict JSON: empty buckets are None, not NaN
+    (point,) = row["curve"]  # the smoke config evaluates once, at the end
+    assert point["step"] == 4 and point["train_flops"] == fl["total"] and point["accuracy"] == row["accuracy"]
     return layer
 
 
@@ -80,6 +82,7 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path):
             signal.raise_signal(signal.SIGINT)
 
     workdir = str(tmp_path / "run")
+    assert [p["step"] for p in reference["curve"]] == [2, 4]
     with pytest.raises(KeyboardInterrupt, match="after step 2"):
         classify.train_and_evaluate(config, workdir, log=ctrl_c_after_step_2)
     assert sorted(read_metrics(workdir)) == [1, 2]
