@@ -90,6 +90,17 @@ def _layer_stats(runs: list[dict]) -> str:
     return "; ".join(parts) or "–"
 
 
+def _mean_curve(runs: list[dict]) -> list[tuple[float, float]]:
+    """(train FLOPs, validation loss) at each evaluation step, mean over the seeds that have it."""
+    by_step = collections.defaultdict(list)
+    for r in runs:
+        for point in r.get("curve") or []:
+            if point.get("valid_loss") is not None:
+                by_step[point["step"]].append((point["train_flops"], point["valid_loss"]))
+    return [(statistics.fmean(f for f, _ in pts), statistics.fmean(v for _, v in pts))
+            for _, pts in sorted(by_step.items())]
+
+
 def _fmt(v, spec):
     return "–" if v is None else format(v, spec)
 
@@ -121,6 +132,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "ms": _mean(1e3 * r["step_s"] if r.get("step_s") else None for r in runs),
             "tok_s": _mean(r.get("tokens_per_s") for r in runs),
             "layer_stats": _layer_stats(runs),
+            "curve": _mean_curve(runs),
             "steps": runs[0].get("steps"), "backend": runs[0].get("backend", "?"),
             "command": runs[0].get("command", ""),
         })
@@ -143,17 +155,33 @@ def table(entries: list[dict]) -> str:
 
 
 def plot_task(task: str, entries: list[dict], plots_dir: str) -> list[str]:
-    """`classify_<task>_acc_vs_n.png` and `classify_<task>_acc_vs_memory.png`, one series per (config, attention)."""
+    """`classify_<task>_{acc_vs_n,acc_vs_memory,loss_vs_flops}.png`, one series per (config, attention)."""
     from matplotlib.figure import Figure  # noqa: PLC0415 — only the report needs it
 
     series = collections.defaultdict(list)
     for e in entries:
         if e["acc"] is not None:
             series[(e["config"], e["attention"])].append(e)
+    curves = collections.defaultdict(list)  # loss vs FLOPs: one line per (config, attention, n)
+    for e in entries:
+        if e["curve"]:
+            curves[(e["config"], e["attention"], e["n"])] = e["curve"]
     paths = []
-    for kind in ("n", "memory"):
+    for kind in ("n", "memory", "flops"):
         fig = Figure(figsize=(6.5, 4))
         ax = fig.add_subplot()
+        if kind == "flops":
+            for (config, attention, n), curve in sorted(curves.items()):
+                ax.plot([f for f, _ in curve], [v for _, v in curve], marker=".", label=f"{attention} n={n} ({config})")
+            ax.set_xscale("log")
+            ax.set(xlabel="training FLOPs", ylabel="validation loss (nats)", title=f"{task}: loss per training FLOP")
+            ax.grid(alpha=0.3)
+            if curves:
+                ax.legend(fontsize=7)
+            path = os.path.join(plots_dir, f"classify_{task}_loss_vs_flops.png")
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+            paths.append(path)
+            continue
         for (config, attention), es in sorted(series.items()):
             es = sorted(es, key=lambda e: e["n"])
             label = f"{attention} ({config})"

@@ -150,6 +150,8 @@ def test_report_renders_from_synthetic_jsonl(tmp_path):
     results.mkdir()
     rows = [_row("listops", n, att, s, acc) for n in (128, 512) for att in ("dense", "local")
             for s, acc in ((0, 0.30), (1, 0.40))]
+    rows[0]["curve"] = [{"step": 100, "train_flops": 1e12, "accuracy": 0.2, "valid_loss": 2.0},
+                        {"step": 300, "train_flops": 3e12, "accuracy": 0.3, "valid_loss": 1.5}]
     rows.append(_row("listops", 2048, "dense", 0, 0.35, accuracy_by_bucket={"1-2": {"accuracy": 0.5,
                                                                                      "fraction": 1.0}}))
     (results / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
@@ -167,7 +169,7 @@ def test_report_renders_from_synthetic_jsonl(tmp_path):
     assert "| L0 keys 64 arcs 1.5 |" in text and "| L0 keys 2.05e+03 |" in text
     for path in written:
         assert path.endswith(".png") and os.path.getsize(path) > 1000
-    assert len(written) == 4  # accuracy vs n and vs memory, per task
+    assert len(written) == 6  # accuracy vs n, accuracy vs memory, loss vs FLOPs; per task
 
 
 def test_report_with_no_rows(tmp_path):
