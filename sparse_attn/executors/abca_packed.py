@@ -30,7 +30,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax_parts
+from sparse_attn.executors.softmax import finite, finite_rows, masked_softmax_parts, nonfinite_rows, range_any
+
+# finite_rows and range_any are re-exported for executors/labels_bucketed.py (their home is softmax.py)
+__all__ = ["SlotLayout", "finite_rows", "max_slots", "packed_zone_attention", "range_any", "slot_layout"]
 
 
 @jax.tree_util.register_dataclass
@@ -71,29 +74,6 @@ def slot_layout(left_BxN: jax.Array, valid_len_B: jax.Array, width: int) -> Slot
     mark = jnp.zeros((b, n), jnp.int32).at[bi[:, None], start].add(1, mode="drop")
     slot_of = jnp.cumsum(mark, axis=1, dtype=jnp.int32) - 1
     return SlotLayout(start, slot_of, jnp.sum(start < n, axis=1, dtype=jnp.int32), width)
-
-
-def finite(x):
-    """x with its non-finite entries selected to 0."""
-    return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
-
-
-def nonfinite_rows(x_BxNxHxD):
-    """bool[B, N, H]: rows that hold a non-finite entry."""
-    return ~jnp.all(jnp.isfinite(x_BxNxHxD), axis=-1)
-
-
-def finite_rows(x_BxNxHxD):
-    """(finite(x), nonfinite_rows(x))."""
-    return finite(x_BxNxHxD), nonfinite_rows(x_BxNxHxD)
-
-
-def range_any(flag_BxNxG, lo_BxN, hi_BxN):
-    """bool[B, N, G]: does flag hold anywhere in [lo, hi] (per row; empty ranges give False)? O(N) prefix counts."""
-    n = flag_BxNxG.shape[1]
-    c = jnp.pad(jnp.cumsum(flag_BxNxG, axis=1, dtype=jnp.int32), ((0, 0), (1, 0), (0, 0)))
-    at = lambda i: jnp.take_along_axis(c, jnp.clip(i, 0, n)[..., None], axis=1)
-    return (lo_BxN <= hi_BxN)[..., None] & (at(hi_BxN + 1) > at(lo_BxN))
 
 
 def _heads_first(x_BxNxHxD, w: int):

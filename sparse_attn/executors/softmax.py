@@ -3,7 +3,9 @@
 Non-finite inputs (docs/architecture.md, "Non-finite values"): executors multiply only *sanitised* q, k, v (NaN and
 infinities replaced by 0, `sanitize`) so that a pair the pattern excludes can never form 0 * NaN in a matmul or
 its transpose, and add a per-token `poison` term (0, or NaN for a token with a non-finite entry) to the logits, so
-that the rows that may attend such a token - and only they - still turn NaN.
+that the rows that may attend such a token - and only they - still turn NaN. The mechanism executors (ABCA's
+packed slots and anchor gather, the label executors) instead run on `finite` values and set the rows that read a
+non-finite entry to NaN afterwards (`nonfinite_rows`, `range_any`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,29 @@ def sanitize(x: jax.Array, *others: jax.Array) -> tuple[jax.Array, ...]:
         row = jnp.all(fin, axis=-1)
         ok = row if ok is None else ok & row
     return (*cleans, jnp.where(ok, 0.0, jnp.nan).astype(jnp.float32))
+
+
+def finite(x):
+    """x with its non-finite entries selected to 0."""
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
+def nonfinite_rows(x_BxNxHxD):
+    """bool[B, N, H]: rows that hold a non-finite entry."""
+    return ~jnp.all(jnp.isfinite(x_BxNxHxD), axis=-1)
+
+
+def finite_rows(x_BxNxHxD):
+    """(finite(x), nonfinite_rows(x))."""
+    return finite(x_BxNxHxD), nonfinite_rows(x_BxNxHxD)
+
+
+def range_any(flag_BxNxG, lo_BxN, hi_BxN):
+    """bool[B, N, G]: does flag hold anywhere in [lo, hi] (per row; empty ranges give False)? O(N) prefix counts."""
+    n = flag_BxNxG.shape[1]
+    c = jnp.pad(jnp.cumsum(flag_BxNxG, axis=1, dtype=jnp.int32), ((0, 0), (1, 0), (0, 0)))
+    at = lambda i: jnp.take_along_axis(c, jnp.clip(i, 0, n)[..., None], axis=1)
+    return (lo_BxN <= hi_BxN)[..., None] & (at(hi_BxN + 1) > at(lo_BxN))
 
 
 def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):

@@ -204,6 +204,14 @@ def _values(e_BxGxRxQxIxK, v_BxGxQpxKxD):
     return jnp.einsum("bgrqik,bgqkd->bgrqid", e_BxGxRxQxIxK, v)
 
 
+def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNxHxD, lse_BxNxH):
+    """Overwrites the global query rows of (out, lse) with a dense pass over every key (at most `max_global` rows
+    per sequence); for executors that leave those rows out (the Pallas kernels). Only sanitised values multiply."""
+    q, poison_q = sanitize(q_BxNxHxD)
+    k, v, poison_kv = sanitize(k_BxNxGxD, v_BxNxGxD)
+    return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH)
+
+
 def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse):
     """Global query rows attend every key: a small dense pass over at most `max_global` rows per sequence."""
     b, n, h, d = q.shape

@@ -1,10 +1,9 @@
 """The "pallas" executor: metadata, padding, `jax.custom_vjp` around the kernels, global rows.
 
 Global query rows (Longformer/BigBird "attend everything" rows) are not computed in the kernels: the tile lists are
-built with `global_rows=False` and a dense XLA pass over at most `max_global` rows per sequence overwrites them
-afterwards, as the XLA executor does (autodiff handles that pass; overwritten rows send zero cotangent into the
-kernels). It is re-stated here (`global_rows`) rather than imported, so the kernels do not depend on the XLA
-executor's private helpers.
+built with `global_rows=False` and the XLA executor's dense pass over at most `max_global` rows per sequence
+(`executors.xla.global_rows`) overwrites them afterwards (autodiff handles that pass; overwritten rows send zero
+cotangent into the kernels).
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
+from sparse_attn.executors.softmax import zero_empty_rows
+from sparse_attn.executors.xla import global_rows
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
 from sparse_attn.kernels.config import KernelConfig
-from sparse_attn.patterns.intervals import Intervals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,30 +72,6 @@ def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, 
     if mask.global_tokens is not None:
         out, lse = global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
     return zero_empty_rows(out, lse), lse
-
-
-def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out_BxNxHxD, lse_BxNxH):
-    """Overwrites the global query rows with a dense pass over every key (at most `max_global` rows)."""
-    b, n, h, d = q_BxNxHxD.shape
-    g = k_BxNxGxD.shape[2]
-    q_BxNxHxD, poison_q_BxNxH = sanitize(q_BxNxHxD)  # as in the XLA executor: only sanitised values multiply
-    k_BxNxGxD, v_BxNxGxD, poison_kv_BxNxG = sanitize(k_BxNxGxD, v_BxNxGxD)
-    mask = pattern if isinstance(pattern, Intervals) else pattern.mask
-    gmask = jnp.broadcast_to(mask.global_tokens, (b, n))
-    rows_BxM = jax.vmap(lambda x: jnp.nonzero(x, size=mask.max_global, fill_value=n)[0])(gmask).astype(jnp.int32)
-    bi = jnp.arange(b).reshape(-1, 1)
-    q_BxMxGxRxD = q_BxNxHxD[bi, jnp.minimum(rows_BxM, n - 1)].reshape(b, -1, g, h // g, d)
-    s = jnp.einsum("bmgrd,bkgd->bgrmk", q_BxMxGxRxD, k_BxNxGxD, preferred_element_type=jnp.float32) * scale
-    poison_q = poison_q_BxNxH[bi, jnp.minimum(rows_BxM, n - 1)].reshape(b, -1, g, h // g).transpose(0, 2, 3, 1)
-    s = s + poison_q[..., None] + poison_kv_BxNxG.transpose(0, 2, 1)[:, :, None, None, :]
-    k_pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, 1, n)
-    ok = pattern.allowed(rows_BxM.reshape(b, 1, 1, -1), k_pos)[:, :, 0] & (rows_BxM < n).reshape(b, 1, -1, 1)
-    ok = ok[:, :, None] if ok.shape[1] == 1 else ok.reshape((ok.shape[0], g, h // g) + ok.shape[2:])  # [B,G|1,R|1,M,N]
-    p, lse_g = masked_softmax(s, ok)
-    og = jnp.einsum("bgrmk,bkgd->bmgrd", p, v_BxNxGxD.astype(jnp.float32)).reshape(b, -1, h, d)
-    lse_g = lse_g.transpose(0, 3, 1, 2).reshape(b, -1, h)
-    out = out_BxNxHxD.at[bi, rows_BxM].set(og.astype(out_BxNxHxD.dtype), mode="drop")
-    return out, lse_BxNxH.at[bi, rows_BxM].set(lse_g, mode="drop")
 
 
 def _round_up(x: int, m: int) -> int:

@@ -15,7 +15,7 @@ from flax import nnx
 from sparse_attn.executors.labels_bucketed import bucketed_attention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import LabelAttentionConfig
-from sparse_attn.modules.labels.soft_attention import soft_label_attention
+from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import losses, soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph

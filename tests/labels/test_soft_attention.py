@@ -8,7 +8,7 @@ import label_oracles as oracles
 import numpy as np
 import pytest
 
-from sparse_attn.modules.labels.soft_attention import soft_label_attention
+from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph

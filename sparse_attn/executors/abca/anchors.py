@@ -15,7 +15,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.abca_packed import finite, nonfinite_rows
+from sparse_attn.executors.softmax import finite, nonfinite_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.rope import apply_rope
 from sparse_attn.patterns.abca.handshake import anchor_positions

@@ -3,6 +3,6 @@
 from sparse_attn.modules.labels.attention import LabelAttention, label_core
 from sparse_attn.modules.labels.config import LabelAttentionConfig
 from sparse_attn.modules.labels.router import RoutingHead
-from sparse_attn.modules.labels.soft_attention import soft_label_attention
+from sparse_attn.executors.labels.soft import soft_label_attention
 
 __all__ = ["LabelAttention", "LabelAttentionConfig", "RoutingHead", "label_core", "soft_label_attention"]

@@ -11,7 +11,7 @@ from flax import nnx
 from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels.router import RoutingHead
-from sparse_attn.modules.labels.soft_attention import soft_label_attention
+from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import losses, schedule, soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph

@@ -20,7 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.abca_packed import finite_rows
+from sparse_attn.executors.softmax import finite_rows
 from sparse_attn.executors.labels_bucketed import band_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
