@@ -23,8 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.abca_packed import finite_rows, range_any
-from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.softmax import finite_rows, masked_softmax, range_any
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.buckets import BucketLayout, bucket_layout
@@ -99,9 +98,10 @@ def _groups(x, group: int, fill=0):
     return x.reshape((ng, group) + x.shape[1:])
 
 
-def _local_rows(x_pad, i, group: int, block: int, width: int):
-    """Rows of the (left-padded) entries that group i's band reads: [group * block + width - block, ...]."""
-    return jax.lax.dynamic_slice_in_dim(x_pad, i * group * block, group * block + width - block)
+def _local_rows(x_pad, i, group: int, block: int, width: int, shift: int = 0):
+    """Rows of the (left-padded) entries that group i's band reads: [group * block + width - block, ...]; `shift`:
+    extra left padding of x_pad beyond the band's own."""
+    return jax.lax.dynamic_slice_in_dim(x_pad, shift + i * group * block, group * block + width - block)
 
 
 class Ranges(NamedTuple):
@@ -165,22 +165,23 @@ def _geometry(nb, e, block, left, width, group):
     return ng, rows
 
 
-def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, mask, block, left, width, scale, group):
-    """mask: bool[x, B, C] precomputed, or `Ranges` to build it from one group at a time."""
+def _band_fwd(q_xBxGxRxD, k_pad, v_pad, mask, block, left, width, scale, group, shift):
+    """k_pad, v_pad: the entries with `shift + left` rows of zeros before them and enough after (`_shared_pad`).
+    mask: bool[x, B, C] precomputed, or `Ranges` to build it from one group at a time."""
     nb = q_xBxGxRxD.shape[0]
-    ng, rows = _geometry(nb, k_ExGxD.shape[0], block, left, width, group)
-    k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+    ng, rows = _geometry(nb, nb * block, block, left, width, group)
     mask_xs, bits_pad = _mask_groups(mask, group, left, rows)
 
     def one(_, xs):
         q, mask_g, i = xs
         ok = _group_mask(mask_g, bits_pad, i, group, block, left, width)
-        s, _ = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
+        s, _ = _scores(q, _local_rows(k_pad, i, group, block, width, shift), ok, block, scale)
         m = jnp.max(s, axis=-1)
         m = jnp.where(jnp.isfinite(m), m, 0.0)
         e = jnp.exp(s - m[..., None])  # masked logits are -inf: weight exactly 0
         l = jnp.sum(e, axis=-1)
-        v = band_rows(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        v = band_rows(_local_rows(v_pad, i, group, block, width, shift), group, block, 0, width)
+        v = v.astype(jnp.float32)
         o = jnp.einsum("xgrbc,xcgd->xgrbd", e, v)
         alive = l > 0
         o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
@@ -191,16 +192,16 @@ def _band_fwd(q_xBxGxRxD, k_ExGxD, v_ExGxD, mask, block, left, width, scale, gro
     _, (o, lse) = jax.lax.scan(one, None, xs)
     o = o.reshape((-1,) + o.shape[2:])[:nb]
     lse = lse.reshape((-1,) + lse.shape[2:])[:nb]
-    return (o, lse), (q_xBxGxRxD, k_ExGxD, v_ExGxD, mask, o, lse)
+    return o, lse
 
 
-def _band_bwd(block, left, width, scale, group, res, cts):
-    q_all, k_ExGxD, v_ExGxD, mask, o_all, lse_all = res
+def _band_bwd(block, left, width, scale, group, shift, res, cts):
+    """The VJP of `_band_fwd`: (dq [x, B, G, R, D], dk, dv [x block, G, D] float32)."""
+    q_all, k_pad, v_pad, mask, o_all, lse_all = res
     do_all, dlse_all = cts  # the log-sum-exp merge differentiates lse too: d lse / d s = p
     nb = q_all.shape[0]
-    e_rows = k_ExGxD.shape[0]
+    e_rows = nb * block
     ng, rows = _geometry(nb, e_rows, block, left, width, group)
-    k_pad, v_pad = _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
     mask_xs, bits_pad = _mask_groups(mask, group, left, rows)
     span = group * block + width - block
 
@@ -208,10 +209,11 @@ def _band_bwd(block, left, width, scale, group, res, cts):
         dk_pad, dv_pad = carry
         q, mask_g, o, lse, do, dlse, i = xs
         ok = _group_mask(mask_g, bits_pad, i, group, block, left, width)
-        s, k = _scores(q, _local_rows(k_pad, i, group, block, width), ok, block, scale)
+        s, k = _scores(q, _local_rows(k_pad, i, group, block, width, shift), ok, block, scale)
         live = jnp.isfinite(lse)
         p = jnp.exp(s - jnp.where(live, lse, 0.0)[..., None])  # [g, G, R, B, C]; 0 where masked
-        v = band_rows(_local_rows(v_pad, i, group, block, width), group, block, 0, width).astype(jnp.float32)
+        v = band_rows(_local_rows(v_pad, i, group, block, width, shift), group, block, 0, width)
+        v = v.astype(jnp.float32)
         do_t = jnp.transpose(do.astype(jnp.float32), (0, 2, 3, 1, 4))  # [g, G, R, B, D]
         dv = jnp.einsum("xgrbc,xgrbd->xcgd", p, do_t)
         dp = jnp.einsum("xgrbd,xcgd->xgrbc", do_t, v)
@@ -228,14 +230,12 @@ def _band_bwd(block, left, width, scale, group, res, cts):
         )
         return (dk_pad, dv_pad), dq
 
-    zeros = jnp.zeros((rows,) + k_ExGxD.shape[1:], jnp.float32)
+    zeros = jnp.zeros((rows,) + k_pad.shape[1:], jnp.float32)
     xs = tuple(_groups(x, group) for x in (q_all, o_all, lse_all, do_all, dlse_all))
     xs = (xs[0], mask_xs) + xs[1:] + (jnp.arange(ng, dtype=jnp.int32),)
     (dk_pad, dv_pad), dq = jax.lax.scan(one, (zeros, zeros), xs)
     dq = dq.reshape((-1,) + dq.shape[2:])[:nb]
-    dk = dk_pad[left : left + e_rows].astype(k_ExGxD.dtype)
-    dv = dv_pad[left : left + e_rows].astype(v_ExGxD.dtype)
-    return dq, dk, dv, None
+    return dq, dk_pad[left : left + e_rows], dv_pad[left : left + e_rows]
 
 
 def _switch(tier, reaches, branch):
@@ -270,24 +270,38 @@ def _tiers(reaches, causal: bool, block: int, group: int):
     return [(r, _width(block, r, causal), max(1, group * w0 // _width(block, r, causal))) for r in reaches]
 
 
+def _shared_pad(k_ExGxD, v_ExGxD, nb, block, tiers):
+    """k and v padded once for every tier (tier t reads them shifted by reaches[-1] - reaches[t]): padding inside
+    each branch of the switch would make XLA materialise the gathered k and v as the switch's operands."""
+    left = tiers[-1][0]
+    rows = max(left - r + _geometry(nb, nb * block, block, r, w, g)[1] for r, w, g in tiers)
+    return _padded(k_ExGxD, left, rows), _padded(v_ExGxD, left, rows)
+
+
 def _tiered_fwd(q, k, v, ok, ranges, tier, block, reaches, scale, group, causal):
+    tiers = _tiers(reaches, causal, block, group)
+    k_pad, v_pad = _shared_pad(k, v, q.shape[0], block, tiers)
+
     def run(t):
-        reach, width, grp = _tiers(reaches, causal, block, group)[t]
-        return _band_fwd(q, k, v, ok if t == 0 else ranges, block, reach, width, scale, grp)[0]
+        reach, width, grp = tiers[t]
+        mask = ok if t == 0 else ranges
+        return _band_fwd(q, k_pad, v_pad, mask, block, reach, width, scale, grp, reaches[-1] - reach)
 
     o, lse = _switch(tier, reaches, run)
-    return (o, lse), (q, k, v, ok, ranges, tier, o, lse)
+    return (o, lse), (q, k_pad, v_pad, ok, ranges, tier, o, lse)
 
 
 def _tiered_bwd(block, reaches, scale, group, causal, res, cts):
-    q, k, v, ok, ranges, tier, o, lse = res
+    q, k_pad, v_pad, ok, ranges, tier, o, lse = res
+    tiers = _tiers(reaches, causal, block, group)
 
     def run(t):
-        reach, width, grp = _tiers(reaches, causal, block, group)[t]
-        return _band_bwd(block, reach, width, scale, grp, (q, k, v, ok if t == 0 else ranges, o, lse), cts)[:3]
+        reach, width, grp = tiers[t]
+        res_t = (q, k_pad, v_pad, ok if t == 0 else ranges, o, lse)
+        return _band_bwd(block, reach, width, scale, grp, reaches[-1] - reach, res_t, cts)
 
     dq, dk, dv = _switch(tier, reaches, run)
-    return dq, dk, dv, None, None, None
+    return dq, dk.astype(k_pad.dtype), dv.astype(v_pad.dtype), None, None, None
 
 
 band_attention.defvjp(_tiered_fwd, _tiered_bwd)
