@@ -58,9 +58,8 @@ def test_outputs_and_gradients_match_the_reference(label_heads, causal, d, k, bl
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
-    # Each side runs to completion, its jitted function still referenced, before the other is traced: a segfault
-    # was reported (jaxlib 0.10.2, 2-core EPYC) while `ref` was traced with the bucketed program still in flight
-    # and its jitted closure already dropped. Not reproduced here; docs/training.md ("Known platform issues").
+    # Each side runs to completion before the other is traced, so a crash in one program is reported at its own
+    # call (docs/training.md, "Known platform issues": a jaxlib CPU segfault once surfaced while `ref` was traced).
     ours_fn, ref_fn = with_grads(ours), with_grads(ref)
     (_, (out, lse, info)), g_ours = jax.block_until_ready(ours_fn(q, kk, v))
     (_, (r_out, r_lse)), g_ref = jax.block_until_ready(ref_fn(q, kk, v))
