@@ -75,7 +75,7 @@ def test_reach_cuts_ranges_that_exceed_it(impl):
     _assert_close(got, want)
 
 
-@pytest.mark.parametrize("impl", sorted(OPTS))
+@pytest.mark.parametrize("impl", sorted(set(OPTS) & set(sa.available_implementations(P.NeighbourList))))
 def test_neighbour_index_outside_the_sequence_is_an_invalid_slot(impl):
     """Valid slots pointing at N, N + 5 and -1, traced: every executor treats them as invalid (no clamping)."""
     rng = np.random.default_rng(1)
