@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 import sparse_attn
 from experiments import benchlib
-from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
+from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
 from sparse_attn.patterns import sliding_window
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph

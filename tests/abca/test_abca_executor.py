@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import sparse_attn
-from sparse_attn.executors import abca_packed
+from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.patterns import abca
 
 B, N, D = 2, 40, 8

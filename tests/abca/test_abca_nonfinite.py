@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.executors import abca_packed
+from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.modules.abca import AnchorAttentionConfig, AnchorProjections, abca_core
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.patterns import abca

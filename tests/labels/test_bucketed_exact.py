@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach, fallback_reaches
+from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach, fallback_reaches
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import LabelAttentionConfig

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
+from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels.base_graph import BaseGraph

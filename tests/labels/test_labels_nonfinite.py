@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.executors.labels_bucketed import bucketed_attention
+from sparse_attn.executors.labels.bucketed import bucketed_attention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import LabelAttentionConfig
 from sparse_attn.executors.labels.soft import soft_label_attention

@@ -1,15 +1,16 @@
 """Executors of ABCA's `ZonePattern`: "packed" (anchor gather key-major, zones in slots), "xla" and "pallas" (its
 `intervals()` through the generic executors), "reference" (the registry's oracle). See docs/abca.md.
 
-Files: `anchors.py` (key-major anchor gather, anchor projections, paged rank-space handshake); the slot executor
-is `executors/abca_packed.py`.
+Files: `anchors.py` (key-major anchor gather, anchor projections, paged rank-space handshake), `packed.py` (zones
+packed into slots).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from sparse_attn.executors import abca_packed, registry
+from sparse_attn.executors import registry
+from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca.anchors import anchor_gather
 from sparse_attn.patterns.abca.layer_pattern import ZonePattern, zone_lo_hi
 from sparse_attn.patterns.intervals import Intervals

@@ -1,5 +1,5 @@
 """Executors of label attention's `LabelPattern`: "bucketed" (label buckets with a log-sum-exp merge,
-`executors/labels_bucketed.py`), "xla" and "pallas" (the window `Intervals` carrying the label bits: the generic
+`bucketed.py`), "xla" and "pallas" (the window `Intervals` carrying the label bits: the generic
 band gather and the Pallas kernels' in-tile label test), "reference" (the registry's oracle). See docs/labels.md.
 
 `soft.py` holds the soft and straight-through label attention of the training phases (memberships in, not a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
-from sparse_attn.executors.labels_bucketed import bucketed_attention
+from sparse_attn.executors.labels.bucketed import bucketed_attention
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.labels.pattern import LabelPattern
 

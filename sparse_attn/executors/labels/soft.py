@@ -5,7 +5,7 @@ Straight-through: the forward pass is the hard pattern (in H, m_u & m_v != 0, pl
 A_uv e^{s_uv} / Σ A e^{s} with A = A_hard + q - stop_gradient(q), so the router receives the soft phase's gradient
 through q on every edge of H (also on the edges the hard mask drops), while the output equals hard attention.
 
-Both score every edge of H (O(|E(H)| d) for the bias): the work-skipping path is `executors.labels_bucketed`.
+Both score every edge of H (O(|E(H)| d) for the bias): the work-skipping path is `executors.labels.bucketed`.
 Query blocks of `block` positions read the window band [x block - w, (x + 1) block + w) plus the landmarks.
 
 Non-finite inputs run as 0 (a band holds keys a row may not read, and `0 * NaN` in P.V would carry them there); a
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors.softmax import finite_rows
-from sparse_attn.executors.labels_bucketed import band_rows
+from sparse_attn.executors.labels.bucketed import band_rows
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import soft

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.attention import attention, available_implementations, default_implementation
-from sparse_attn.executors import abca_packed
+from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca import anchors
 from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.patterns import abca

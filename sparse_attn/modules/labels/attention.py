@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from flax import nnx
 
-from sparse_attn.executors.labels_bucketed import bucketed_attention, default_reach
+from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels.router import RoutingHead
 from sparse_attn.executors.labels.soft import soft_label_attention

@@ -30,10 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import finite, finite_rows, masked_softmax_parts, nonfinite_rows, range_any
-
-# finite_rows and range_any are re-exported for executors/labels_bucketed.py (their home is softmax.py)
-__all__ = ["SlotLayout", "finite_rows", "max_slots", "packed_zone_attention", "range_any", "slot_layout"]
+from sparse_attn.executors.softmax import finite, masked_softmax_parts, nonfinite_rows, range_any
 
 
 @jax.tree_util.register_dataclass
