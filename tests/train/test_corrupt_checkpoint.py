@@ -1,5 +1,6 @@
 """An unreadable latest checkpoint is named, moved aside, and the run resumes from the previous one."""
 
+import gc
 import glob
 import os
 
@@ -20,6 +21,10 @@ def _corrupt(step_dir: str, what: str) -> None:
                 f.write(b"\x5a" * size)
 
 
+# A deliberately corrupted array read leaves orbax's other pending shard reads for the garbage collector, which
+# reports them as unraisable exceptions (GeneratorExit, "Event loop is closed"). They are orbax's clean-up of the
+# failed read, not ours: ignored in this test only, and collected before it ends so they cannot surface in the next.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("what", ["json", "arrays"])
 def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, what):
     workdir = str(tmp_path)
@@ -40,6 +45,7 @@ def test_unreadable_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, w
     assert [again[s]["loss"] for s in (3, 4)] == [first[s]["loss"] for s in (3, 4)]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
     assert os.path.isdir(moved)
+    gc.collect()
 
 
 def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
