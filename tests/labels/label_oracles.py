@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -41,3 +43,23 @@ def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):
     e = np.where(mask_NxN, np.exp(s - m), 0.0)
     l = e.sum(-1, keepdims=True)
     return np.where(l > 0, (e / np.where(l > 0, l, 1.0)) @ v, 0.0)
+
+
+def outputs_and_grads(ours, ref, q, k, v, ct):
+    """((ours' outputs), grads), ((ref's outputs), grads) of <out, ct> + sum(finite lse), one jit per side.
+
+    Each side runs to completion before the other is traced, so a crash in one program is reported at its own call
+    (docs/training.md, "Known platform issues": a jaxlib CPU segfault once surfaced while `ref` was traced).
+    """
+
+    def with_grads(fn):
+        def loss(q, k, v):
+            res = fn(q, k, v)
+            return jnp.sum(res[0] * ct) + jnp.sum(jnp.where(jnp.isfinite(res[1]), res[1], 0)), res
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    ours_fn, ref_fn = with_grads(ours), with_grads(ref)
+    (_, res_ours), g_ours = jax.block_until_ready(ours_fn(q, k, v))
+    (_, res_ref), g_ref = jax.block_until_ready(ref_fn(q, k, v))
+    return (res_ours, g_ours), (res_ref, g_ref)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from label_oracles import outputs_and_grads
+
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach, fallback_reaches
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.modules.base import AttentionContext
@@ -54,16 +56,7 @@ def test_overflowing_routers_match_the_reference(router, label_heads, causal, d,
     def ref(q, kk, v):
         return reference_attention(q, kk, v, pattern, 1 / np.sqrt(dh))
 
-    def with_grads(fn):
-        def loss(q, kk, v):
-            res = fn(q, kk, v)
-            return jnp.sum(res[0] * ct) + jnp.sum(jnp.where(jnp.isfinite(res[1]), res[1], 0)), res
-
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-
-    ours_fn, ref_fn = with_grads(ours), with_grads(ref)  # one side at a time (test_bucketed_executor.py)
-    (_, (out, lse, info)), g_ours = jax.block_until_ready(ours_fn(q, kk, v))
-    (_, (r_out, r_lse)), g_ref = jax.block_until_ready(ref_fn(q, kk, v))
+    ((out, lse, info), g_ours), ((r_out, r_lse), g_ref) = outputs_and_grads(ours, ref, q, kk, v, ct)
     planned = default_reach(n, base, d, k) if reach is None else reach
     assert int(info["overflow"]) > 0 and int(info["reach"]) > planned  # the planned band did not hold it
     np.testing.assert_allclose(np.asarray(out), np.asarray(r_out), **TOL)

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from label_oracles import outputs_and_grads
+
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.patterns.labels import bits as B
@@ -50,19 +52,7 @@ def test_outputs_and_gradients_match_the_reference(label_heads, causal, d, k, bl
     def ref(q, kk, v):
         return reference_attention(q, kk, v, pattern, 1 / np.sqrt(dh))
 
-    def with_grads(fn):  # outputs and gradients from one compilation
-        def loss(q, kk, v):
-            res = fn(q, kk, v)
-            out, lse = res[:2]
-            return jnp.sum(out * ct) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0)), res
-
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-
-    # Each side runs to completion before the other is traced, so a crash in one program is reported at its own
-    # call (docs/training.md, "Known platform issues": a jaxlib CPU segfault once surfaced while `ref` was traced).
-    ours_fn, ref_fn = with_grads(ours), with_grads(ref)
-    (_, (out, lse, info)), g_ours = jax.block_until_ready(ours_fn(q, kk, v))
-    (_, (r_out, r_lse)), g_ref = jax.block_until_ready(ref_fn(q, kk, v))
+    ((out, lse, info), g_ours), ((r_out, r_lse), g_ref) = outputs_and_grads(ours, ref, q, kk, v, ct)
     assert int(info["overflow"]) == 0
     np.testing.assert_allclose(np.asarray(out), np.asarray(r_out), **TOL)
     np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(r_lse))
