@@ -20,7 +20,7 @@ from sparse_attn.modules import (
     LabelAttentionConfig,
     LocalAttention,
     LongformerAttention,
-    RoutingAttentionConfig,
+    NoncrossingAttentionConfig,
 )
 
 
@@ -54,7 +54,7 @@ class Anchors:
 CLASSIFIER_NAMES = (
     "dense", "local", "longformer", "bigbird",
     "abca", "abca_fixed", "abca_learned", "labels",
-    "routing_defect", "routing_brick", "routing_adjacent",
+    "noncrossing_defect", "noncrossing_brick", "noncrossing_adjacent",
 )
 
 
@@ -87,9 +87,9 @@ def classifier_attention(name: str, *, n: int, anchors: Anchors = Anchors()):
         "abca_learned": lambda: AnchorAttentionConfig(placement="learned", boundary_ids=anchors.boundary_ids,
                                                       max_zone=w),
         "labels": lambda: LabelAttentionConfig(radius=w, block=min(128, n), soft_block=min(64, n)),
-        "routing_defect": lambda: RoutingAttentionConfig(router="defect_pair"),
-        "routing_brick": lambda: RoutingAttentionConfig(router="brick_wall"),
-        "routing_adjacent": lambda: RoutingAttentionConfig(router="adjacent_topk"),
+        "noncrossing_defect": lambda: NoncrossingAttentionConfig(router="defect_pair"),
+        "noncrossing_brick": lambda: NoncrossingAttentionConfig(router="brick_wall"),
+        "noncrossing_adjacent": lambda: NoncrossingAttentionConfig(router="adjacent_topk"),
     }
     assert tuple(table) == CLASSIFIER_NAMES
     if name not in table:

@@ -4,9 +4,9 @@
 
 Tasks (`sparse_attn.data.tasks`, docs/tasks.md): listops, dyck (n = padded length), pathfinder (n = size**2),
 digits (n = 64), cifar10 (n = 1024 grayscale or 3072 RGB; needs the TFDS data prepared). Attention: one name
-for every layer or one per layer, `--attention dense,dense,routing_defect,routing_defect,dense,dense`; names
+for every layer or one per layer, `--attention dense,dense,noncrossing_defect,noncrossing_defect,dense,dense`; names
 in `experiments/attention_names.py` (dense, local, longformer, bigbird, abca, abca_fixed, abca_learned, labels,
-routing_defect, routing_brick, routing_adjacent). Pixel tasks feed one token per pixel (as LRA).
+noncrossing_defect, noncrossing_brick, noncrossing_adjacent). Pixel tasks feed one token per pixel (as LRA).
 
 Configs (each function's docstring has its command and expected result): `smoke` (CI, seconds), `small`
 (CPU, minutes), `seed` (the seed's 6 x 256 encoder; a GPU job). The workdir gets the loop's `metrics.jsonl`,

@@ -39,13 +39,13 @@ def _cells(tasks_n: dict[str, tuple[int, ...]], attentions: tuple[str, ...], see
 SEED002_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfinder": (1024,)}
 SEEDS = (0, 1, 2)
 GRIDS = {
-    "seed002": _cells(SEED002_TASKS, ("dense", "local", "routing_defect"), SEEDS),  # 63 cells
+    "seed002": _cells(SEED002_TASKS, ("dense", "local", "noncrossing_defect"), SEEDS),  # 63 cells
     # The other baselines and mechanisms on the same cells.
     "seed002_more": _cells(SEED002_TASKS, ("longformer", "bigbird", "abca", "abca_learned", "labels",
-                                           "routing_brick", "routing_adjacent"), SEEDS),
+                                           "noncrossing_brick", "noncrossing_adjacent"), SEEDS),
     # Only the middle block pair replaced, as the seed's "replace one or two dense blocks" (6 layers).
     "seed002_hybrid": _cells({"listops": (512, 2048), "dyck": (512, 2048)},
-                             ("dense,dense,routing_defect,routing_defect,dense,dense",), SEEDS),
+                             ("dense,dense,noncrossing_defect,noncrossing_defect,dense,dense",), SEEDS),
     "sample": _cells({"digits": (64,)}, ("dense", "local"), (0,)),
 }
 

@@ -20,9 +20,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_attn.modules.routing import RoutingAttentionConfig
-from sparse_attn.modules.routing.scorer import pair_scores
-from sparse_attn.patterns.temperley_lieb import diagram_np, layered, stats
+from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
+from sparse_attn.modules.noncrossing.scorer import pair_scores
+from sparse_attn.patterns.noncrossing import diagram_np, layered, stats
 
 T = 4
 
@@ -78,7 +78,7 @@ def teacher_targets(seq: str):
 
 def fit_router(model_dim: int, n: int, steps: int, seed: int):
     rngs = nnx.Rngs(seed)
-    module = RoutingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
+    module = NoncrossingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
     embed = nnx.Embed(2, model_dim, rngs=rngs)
     rng = np.random.default_rng(seed)
 

@@ -26,7 +26,7 @@ finished run, written by `experiments/classify.py --results`); do not edit by ha
 
 ```bash
 # one cell (a workdir under runs/classify/; re-running resumes)
-python -m experiments.classify --task listops --n 512 --attention routing_defect --config seed --seed 0 \\
+python -m experiments.classify --task listops --n 512 --attention noncrossing_defect --config seed --seed 0 \\
     --results experiments/results/listops.jsonl
 # the study: every (task, n, attention, seed) cell in order, 2 h limit per cell; rerun to resume
 python -m experiments.classify_grid --grid seed002 --config seed --time_limit 7200

@@ -7,7 +7,7 @@ import optax
 from flax import nnx
 
 from sparse_attn.models import TransformerClassifier, TransformerConfig
-from sparse_attn.modules import AnchorAttentionConfig, DenseAttention, LabelAttentionConfig, RoutingAttentionConfig
+from sparse_attn.modules import AnchorAttentionConfig, DenseAttention, LabelAttentionConfig, NoncrossingAttentionConfig
 
 
 def test_encoder_with_one_layer_of_each_mechanism_trains():
@@ -17,7 +17,7 @@ def test_encoder_with_one_layer_of_each_mechanism_trains():
         num_heads=4,
         num_layers=4,
         mlp_dim=128,
-        attention=(AnchorAttentionConfig(), LabelAttentionConfig(), RoutingAttentionConfig(), DenseAttention()),
+        attention=(AnchorAttentionConfig(), LabelAttentionConfig(), NoncrossingAttentionConfig(), DenseAttention()),
     )
     model = TransformerClassifier(cfg, rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)

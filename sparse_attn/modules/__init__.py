@@ -10,7 +10,7 @@ from sparse_attn.modules.pattern_attention import (
     LongformerAttention,
     PatternAttention,
 )
-from sparse_attn.modules.routing import RoutingAttention, RoutingAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 
 __all__ = [
     "AnchorAttention",
@@ -26,6 +26,6 @@ __all__ = [
     "LongformerAttention",
     "PatternAttention",
     "Projections",
-    "RoutingAttention",
-    "RoutingAttentionConfig",
+    "NoncrossingAttention",
+    "NoncrossingAttentionConfig",
 ]

@@ -14,7 +14,7 @@ from experiments import attention_names, classify, classify_grid, report_results
 from experiments import classify_metrics as cm
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
-from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, RoutingAttentionConfig
+from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, NoncrossingAttentionConfig
 from sparse_attn.train import read_metrics
 
 QUIET = dict(log=lambda m: None)
@@ -38,7 +38,7 @@ def _check_row(row, *, task, attention):
 
 @pytest.mark.parametrize("task,attention", [
     ("listops", "abca"),            # explicit anchors at `]`; module-reported FLOPs
-    ("dyck", "routing_defect"),     # FLOPs from surviving arcs
+    ("dyck", "noncrossing_defect"),     # FLOPs from surviving arcs
     ("pathfinder", "local"),        # FLOPs from the pattern's statistics
 ])
 def test_smoke_config_of_each_task(tmp_path, task, attention):
@@ -96,21 +96,21 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path):
 
 
 def test_cli_parses_task_n_attention_config():
-    args = classify.parse_args(["--task", "listops", "--n", "512", "--attention", "local,routing_brick",
+    args = classify.parse_args(["--task", "listops", "--n", "512", "--attention", "local,noncrossing_brick",
                                 "--config", "seed", "--seed", "2"])
-    workdir = os.path.join("runs", "classify", "listops_n512_local+routing_brick_seed_s2")
+    workdir = os.path.join("runs", "classify", "listops_n512_local+noncrossing_brick_seed_s2")
     assert classify.default_workdir(args) == workdir
     with pytest.raises(ValueError, match="2 attention names"):  # the seed config has 6 layers
         classify.config_from_args(args)
     args = classify.parse_args(["--task", "dyck", "--n", "128", "--attention", "local,dense,abca,abca_learned,"
-                                "labels,routing_defect", "--config", "seed", "--num_steps", "7"])
+                                "labels,noncrossing_defect", "--config", "seed", "--num_steps", "7"])
     config = classify.config_from_args(args)
     att = config.model.attention
     assert config.task.seq_len == config.train.seq_len == 128 and config.train.num_steps == 7
     assert isinstance(att[0], LocalAttention) and att[0].radius == 32
     assert att[2].placement == "explicit" and att[2].anchor_id == 1 + config.task.k  # type-0 closer
     assert att[3].placement == "learned" and att[3].boundary_ids == tuple(range(9, 17))
-    assert isinstance(att[5], RoutingAttentionConfig) and att[5].router == "defect_pair"
+    assert isinstance(att[5], NoncrossingAttentionConfig) and att[5].router == "defect_pair"
     assert classify.attention_spec(config.attention) == args.attention  # rows name the cell as the grid does
     assert classify.attention_spec(classify.seed("dyck", 128, "local").attention) == "local"
     # Images have no anchor token: `abca` anchors row starts.
@@ -211,7 +211,7 @@ def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
     seed002 = classify_grid.GRIDS["seed002"]
     assert len(set(seed002)) == len(seed002)
     cells = {(c.task, c.n, c.attention) for c in seed002}
-    assert cells >= {("listops", 2048, "routing_defect"), ("dyck", 128, "local")}
+    assert cells >= {("listops", 2048, "noncrossing_defect"), ("dyck", 128, "local")}
 
 
 def test_prefetch_gives_task_batches_and_resumes():
@@ -240,7 +240,7 @@ def test_layer_attention_flops_per_family():
     assert float(cm.layer_attention_flops(LocalAttention(radius=5), {}, **kw)) == 4 * 16 * 2 * pairs
     dense = cm.layer_attention_flops(attention_names.classifier_attention("dense", n=64), {}, **kw)
     assert float(dense) == 4 * 16 * 2 * (10**2 + 64**2 + 33**2)
-    routing = RoutingAttentionConfig()
+    routing = NoncrossingAttentionConfig()
     assert float(cm.layer_attention_flops(routing, {"arcs": 2.0}, **kw)) == 4 * 16 * 2 * (107 + 3 * 2.0)
     assert cm.layer_attention_flops(AnchorAttentionConfig(), {"abca/attn_flops": 7.0}, **kw) == 7.0
     with pytest.raises(ValueError, match="no attention FLOP count"):

@@ -2,7 +2,7 @@
 
 from sparse_attn.modules.labels.attention import LabelAttention, label_core
 from sparse_attn.modules.labels.config import LabelAttentionConfig
-from sparse_attn.modules.labels.router import RoutingHead
+from sparse_attn.modules.labels.router import LabelRouter
 from sparse_attn.executors.labels.soft import soft_label_attention
 
-__all__ = ["LabelAttention", "LabelAttentionConfig", "RoutingHead", "label_core", "soft_label_attention"]
+__all__ = ["LabelAttention", "LabelAttentionConfig", "LabelRouter", "label_core", "soft_label_attention"]

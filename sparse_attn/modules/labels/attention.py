@@ -10,7 +10,7 @@ from flax import nnx
 
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
-from sparse_attn.modules.labels.router import RoutingHead
+from sparse_attn.modules.labels.router import LabelRouter
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import losses, schedule, soft
@@ -70,7 +70,7 @@ class LabelAttention(nnx.Module):
             model_dim, num_heads, num_kv_heads=config.num_kv_heads, rope_base=config.rope_base, rngs=rngs
         )
         label_heads = num_heads if config.per_head_labels else 1
-        self.router = RoutingHead(model_dim, config.router_hidden, config.num_labels, label_heads, rngs=rngs)
+        self.router = LabelRouter(model_dim, config.router_hidden, config.num_labels, label_heads, rngs=rngs)
 
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
         cfg = self.config

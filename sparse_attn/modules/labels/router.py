@@ -6,7 +6,7 @@ import jax
 from flax import nnx
 
 
-class RoutingHead(nnx.Module):
+class LabelRouter(nnx.Module):
     """x [B, N, model_dim] -> R [B, P, N, d] with P = 1 or num_heads label heads."""
 
     def __init__(self, model_dim: int, hidden: int, num_labels: int, label_heads: int, *, rngs: nnx.Rngs):

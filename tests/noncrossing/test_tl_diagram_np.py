@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
+from sparse_attn.patterns.noncrossing import diagram_np as dn
 import tl_oracles
 
 

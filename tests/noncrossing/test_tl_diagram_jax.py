@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn.patterns.temperley_lieb import diagram_jax as dj
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
+from sparse_attn.patterns.noncrossing import diagram_jax as dj
+from sparse_attn.patterns.noncrossing import diagram_np as dn
 import tl_oracles
 
 

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn.patterns.temperley_lieb import defect_pairs as dp
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
-from sparse_attn.patterns.temperley_lieb import key_rows as kr
-from sparse_attn.patterns.temperley_lieb import layered, rewriting, selection, stats
+from sparse_attn.patterns.noncrossing import defect_pairs as dp
+from sparse_attn.patterns.noncrossing import diagram_np as dn
+from sparse_attn.patterns.noncrossing import key_rows as kr
+from sparse_attn.patterns.noncrossing import layered, rewriting, selection, stats
 import tl_oracles
 
 

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.routing import RoutingAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 
 D, H, N = 16, 2, 12
 VL = (N, 7)
@@ -28,7 +28,7 @@ def _padding():
 
 
 def test_valid_len_beyond_the_sequence_is_refused_and_clamped_under_jit():
-    m = RoutingAttentionConfig(num_route_layers=2).make(D, H, rngs=nnx.Rngs(0))
+    m = NoncrossingAttentionConfig(num_route_layers=2).make(D, H, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(0), (2, N, D))
     with pytest.raises(ValueError, match=r"valid_len \[13, 7\] must lie in \[0, 12\]"):
         m(x, _ctx([N + 1, 7]))
@@ -40,7 +40,7 @@ def test_valid_len_beyond_the_sequence_is_refused_and_clamped_under_jit():
 
 @pytest.mark.parametrize("kw", [{}, {"edge_mlp_dim": 4}])
 def test_padding_is_invisible_and_padded_rows_output_zero(kw):
-    m = RoutingAttentionConfig(num_route_layers=2, **kw).make(D, H, rngs=nnx.Rngs(1))
+    m = NoncrossingAttentionConfig(num_route_layers=2, **kw).make(D, H, rngs=nnx.Rngs(1))
     graphdef, params = nnx.split(m)
     x = jax.random.normal(jax.random.PRNGKey(1), (2, N, D))
     ct = jax.random.normal(jax.random.PRNGKey(2), x.shape)
@@ -66,7 +66,7 @@ def test_padding_is_invisible_and_padded_rows_output_zero(kw):
 
 @pytest.mark.parametrize("kw", [{}, {"edge_mlp_dim": 4}])
 def test_core_nonfinite_values_reach_only_the_rows_that_read_them(kw):
-    m = RoutingAttentionConfig(num_route_layers=2, **kw).make(D, H, rngs=nnx.Rngs(3))
+    m = NoncrossingAttentionConfig(num_route_layers=2, **kw).make(D, H, rngs=nnx.Rngs(3))
     ks = jax.random.split(jax.random.PRNGKey(3), 4)
     x = jax.random.normal(ks[0], (2, N, D))
     qkv = [jax.random.normal(kk, (2, N, H, D // H)) for kk in ks[1:]]

@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
-from sparse_attn.patterns.temperley_lieb import normal_form as nf
-from sparse_attn.patterns.temperley_lieb import rewriting as rw
+from sparse_attn.patterns.noncrossing import diagram_np as dn
+from sparse_attn.patterns.noncrossing import normal_form as nf
+from sparse_attn.patterns.noncrossing import rewriting as rw
 
 
 def _d(w, n):

@@ -1,9 +1,9 @@
 """Non-crossing routing attention core against dense attention, measured side by side in one run.
 
 Command (CPU, fp32; the numbers in docs/noncrossing.md):
-  python -m experiments.bench_routing --n 4096 16384
+  python -m experiments.bench_noncrossing --n 4096 16384
 
-The routing core is what `RoutingAttention.core` computes from the layer's hidden states x [B, N, 256] and the
+The routing core is what `NoncrossingAttention.core` computes from the layer's hidden states x [B, N, 256] and the
 projected q, k, v [B, N, 4, 64]: router pair scores, T defect-pair layers of TL diagrams (one per head), key rows
 [self, top partner, bottom partner] with creator gates, and attention over them. The layer's shared Q/K/V/O
 projections are excluded. Forward+backward differentiates w.r.t. x, q, k, v and the router's parameters. Dense is
@@ -22,12 +22,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from experiments import benchlib
-from sparse_attn.modules.routing import RoutingAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 
 
-def routing_core(n: int, args, router: str):
+def noncrossing_core(n: int, args, router: str):
     """(fn, args, stats) for the routing core at length n."""
-    cfg = RoutingAttentionConfig(
+    cfg = NoncrossingAttentionConfig(
         router=router,
         num_route_layers=args.route_layers,
         router_dim=args.router_dim,
@@ -54,7 +54,7 @@ def run(args) -> list[benchlib.Row]:
     rows = []
     head_dim = args.model_dim // args.heads
     for n in args.n:
-        fn, fargs, st = routing_core(n, args, "defect_pair")
+        fn, fargs, st = noncrossing_core(n, args, "defect_pair")
         if n <= args.dense_max_n:
             dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v)  # noqa: E731
             rows.append(
@@ -70,7 +70,7 @@ def run(args) -> list[benchlib.Row]:
             )
             _print(rows[-1])
         for router in args.routers:
-            fn, fargs, st = routing_core(n, args, router)
+            fn, fargs, st = noncrossing_core(n, args, router)
             pairs = args.batch * args.heads * (n + st["arcs"])  # self slots + mean non-self slots per (batch, head)
             rows.append(
                 benchlib.measure(
@@ -111,10 +111,10 @@ def main(argv=None):
     p.add_argument("--dense-max-n", type=int, default=4096)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out-dir", default="experiments/results")
-    p.add_argument("--tag", default="bench_routing")
+    p.add_argument("--tag", default="bench_noncrossing")
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
-    command = "python -m experiments.bench_routing " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m experiments.bench_noncrossing " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"# {command}\n# {benchlib.environment()}")
     rows = run(args)
     table = benchlib.format_table(rows)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sparse_attn.patterns.temperley_lieb import diagram_np
+from sparse_attn.patterns.noncrossing import diagram_np
 
 
 def check_link_state(caps: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""RoutingAttention: router == host simulation, gradients reach the router, padding, model integration."""
+"""NoncrossingAttention: router == host simulation, gradients reach the router, padding, model integration."""
 
 import jax
 import jax.numpy as jnp
@@ -9,10 +9,10 @@ from flax import nnx
 from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.routing import RoutingAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.patterns.neighbours import NeighbourList
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
-from tests.temperley_lieb import tl_oracles
+from sparse_attn.patterns.noncrossing import diagram_np as dn
+from tests.noncrossing import tl_oracles
 
 D, H, N = 32, 2, 12
 
@@ -57,7 +57,7 @@ def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
 
 @pytest.mark.parametrize("doubled", [False, True])
 def test_defect_pair_router_equals_host_simulation(doubled):
-    m = RoutingAttentionConfig(num_route_layers=3, doubled=doubled).make(D, H, rngs=nnx.Rngs(0))
+    m = NoncrossingAttentionConfig(num_route_layers=3, doubled=doubled).make(D, H, rngs=nnx.Rngs(0))
     x, vl = _x(), np.array([N, 9])
     routed, nl = _route_and_pattern(m, x, jnp.asarray(vl))
     feats = m.scorer.half_point_features if doubled else m.scorer.features
@@ -78,7 +78,7 @@ def test_defect_pair_router_equals_host_simulation(doubled):
 
 
 def test_key_rows_of_module_equal_coo_of_its_diagrams():
-    m = RoutingAttentionConfig(num_route_layers=3).make(D, H, rngs=nnx.Rngs(2))
+    m = NoncrossingAttentionConfig(num_route_layers=3).make(D, H, rngs=nnx.Rngs(2))
     x, vl = _x(), jnp.array([N, N])
     routed, nl = _route_and_pattern(m, x, vl)
     for b in range(2):
@@ -96,9 +96,9 @@ def test_key_rows_of_module_equal_coo_of_its_diagrams():
 @pytest.mark.parametrize(
     "cfg",
     [
-        RoutingAttentionConfig(num_route_layers=2),
-        RoutingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2, num_kv_heads=1),
-        RoutingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2, num_kv_heads=1),
+        NoncrossingAttentionConfig(num_route_layers=2),
+        NoncrossingAttentionConfig(router="adjacent_topk", rows="self_top", num_route_layers=2, num_kv_heads=1),
+        NoncrossingAttentionConfig(doubled=True, edge_mlp_dim=8, num_route_layers=2, num_kv_heads=1),
     ],
     ids=["defect_pair", "adjacent_topk-self_top-gqa", "doubled-edge_mlp-gqa"],
 )
@@ -121,7 +121,7 @@ def test_router_gradients_nonzero_and_finite(cfg):
 
 
 def test_brick_wall_is_ring_local_and_has_no_router():
-    m = RoutingAttentionConfig(router="brick_wall", num_route_layers=2).make(D, H, rngs=nnx.Rngs(4))
+    m = NoncrossingAttentionConfig(router="brick_wall", num_route_layers=2).make(D, H, rngs=nnx.Rngs(4))
     assert m.scorer is None
     _, nl = _route_and_pattern(m, _x(), jnp.array([N, N]))
     got = {(a, int(nl.idx[0, 0, a, s])) for a in range(N) for s in range(3) if nl.valid[0, 0, a, s]}
@@ -130,7 +130,7 @@ def test_brick_wall_is_ring_local_and_has_no_router():
 
 
 def test_padding_never_reaches_valid_outputs():
-    m = RoutingAttentionConfig(num_route_layers=2).make(D, H, rngs=nnx.Rngs(5))
+    m = NoncrossingAttentionConfig(num_route_layers=2).make(D, H, rngs=nnx.Rngs(5))
     vl = 8
     x = _x(b=1)
 
@@ -143,7 +143,7 @@ def test_padding_never_reaches_valid_outputs():
 
 
 def test_through_only_ablation_gates_single_arc():
-    m = RoutingAttentionConfig(rows="through", router="adjacent_topk", num_route_layers=2).make(D, H, rngs=nnx.Rngs(6))
+    m = NoncrossingAttentionConfig(rows="through", router="adjacent_topk", num_route_layers=2).make(D, H, rngs=nnx.Rngs(6))
     x, vl = _x(), jnp.array([N, N])
     routed, nl = _route_and_pattern(m, x, vl)
     assert nl.idx.shape[-1] == 1
@@ -163,7 +163,7 @@ def test_classifier_with_one_routing_layer_trains_one_step():
         num_heads=H,
         num_layers=2,
         mlp_dim=64,
-        attention=(DenseAttention(), RoutingAttentionConfig(num_route_layers=2)),
+        attention=(DenseAttention(), NoncrossingAttentionConfig(num_route_layers=2)),
     )
     model = TransformerClassifier(cfg, rngs=nnx.Rngs(7))
     tokens = jax.random.randint(jax.random.PRNGKey(8), (2, N), 0, 11)
@@ -178,7 +178,7 @@ def test_classifier_with_one_routing_layer_trains_one_step():
 
 
 def test_causal_use_is_refused_with_a_clear_error():
-    m = RoutingAttentionConfig(num_route_layers=1).make(D, H, rngs=nnx.Rngs(9))
+    m = NoncrossingAttentionConfig(num_route_layers=1).make(D, H, rngs=nnx.Rngs(9))
     with pytest.raises(ValueError, match="bidirectional"):
         m(_x(b=1), AttentionContext(valid_len=jnp.array([N], jnp.int32), causal=True))
 
@@ -194,11 +194,11 @@ def test_causal_use_is_refused_with_a_clear_error():
 )
 def test_config_validation(kw, msg):
     with pytest.raises(ValueError, match=msg):
-        RoutingAttentionConfig(**kw)
+        NoncrossingAttentionConfig(**kw)
 
 
 def test_edge_mlp_attention_equals_dense_reference():
-    m = RoutingAttentionConfig(num_route_layers=2, edge_mlp_dim=8, num_kv_heads=1).make(D, H, rngs=nnx.Rngs(10))
+    m = NoncrossingAttentionConfig(num_route_layers=2, edge_mlp_dim=8, num_kv_heads=1).make(D, H, rngs=nnx.Rngs(10))
     x, vl = _x(), jnp.array([N, 9])
     q, k, v = m.proj.qkv(x)
     routed, nl = _route_and_pattern(m, x, vl)

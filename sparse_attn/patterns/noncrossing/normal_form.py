@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sparse_attn.patterns.temperley_lieb import diagram_np
+from sparse_attn.patterns.noncrossing import diagram_np
 
 
 def _undo_run(p_2N: np.ndarray, m: int, k: int) -> np.ndarray:

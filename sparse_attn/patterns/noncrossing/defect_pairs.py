@@ -13,7 +13,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.patterns.temperley_lieb import diagram_jax, selection
+from sparse_attn.patterns.noncrossing import diagram_jax, selection
 
 
 def defects(p_2N: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from sparse_attn.patterns.temperley_lieb import diagram_np as dn
-from sparse_attn.patterns.temperley_lieb import normal_form as nf
+from sparse_attn.patterns.noncrossing import diagram_np as dn
+from sparse_attn.patterns.noncrossing import normal_form as nf
 import tl_oracles
 
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.patterns.temperley_lieb import diagram_np
+from sparse_attn.patterns.noncrossing import diagram_np
 
 
 def identity(n: int) -> jax.Array:

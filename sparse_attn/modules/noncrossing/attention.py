@@ -1,4 +1,4 @@
-"""RoutingAttention: non-crossing (Temperley–Lieb) routing attention (seed 002, SPEC §3, math_spec part A).
+"""NoncrossingAttention: non-crossing (Temperley–Lieb) routing attention (seed 002, SPEC §3, math_spec part A).
 
 Per head a router builds a TL diagram from the hidden states; each query attends its key row
 ``[self, top partner, (bottom partner)]`` (K <= 3) with the creator gate ``log σ(score)`` added to each routed
@@ -18,17 +18,17 @@ from flax import nnx
 from sparse_attn.attention import attention
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
-from sparse_attn.modules.routing import routers
-from sparse_attn.modules.routing.scorer import PairScorer
+from sparse_attn.modules.noncrossing import routers
+from sparse_attn.modules.noncrossing.scorer import PairScorer
 from sparse_attn.patterns.neighbours import NeighbourList
-from sparse_attn.patterns.temperley_lieb import key_rows, stats
+from sparse_attn.patterns.noncrossing import key_rows, stats
 
 ROUTERS = ("defect_pair", "brick_wall", "adjacent_topk")
 ROWS = ("self_top_bottom", "self_top", "through")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RoutingAttentionConfig:
+class NoncrossingAttentionConfig:
     """Attributes:
     router: "defect_pair" (default, §A4.3), "brick_wall" (fixed, no parameters) or "adjacent_topk" (ablation).
     num_route_layers: T routing layers (defect-pair brackets nest up to depth T; brick-wall depth).
@@ -70,8 +70,8 @@ class RoutingAttentionConfig:
         if self.brick_start not in ("even", "odd"):
             raise ValueError(f"brick_start must be 'even' or 'odd', got {self.brick_start!r}")
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "RoutingAttention":
-        return RoutingAttention(self, model_dim, num_heads, rngs=rngs)
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "NoncrossingAttention":
+        return NoncrossingAttention(self, model_dim, num_heads, rngs=rngs)
 
 
 def checked_valid_len(valid_len, batch: int, n: int) -> jax.Array:
@@ -87,10 +87,10 @@ def checked_valid_len(valid_len, batch: int, n: int) -> jax.Array:
     return jnp.clip(vl, 0, n)
 
 
-class RoutingAttention(nnx.Module):
+class NoncrossingAttention(nnx.Module):
     """Projections -> router -> TL diagram per head -> key rows -> sparse attention -> output projection."""
 
-    def __init__(self, config: RoutingAttentionConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
+    def __init__(self, config: NoncrossingAttentionConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         self.config = config
         self.proj = Projections(
             model_dim, num_heads, num_kv_heads=config.num_kv_heads, rope_base=config.rope_base, rngs=rngs
@@ -227,7 +227,7 @@ class RoutingAttention(nnx.Module):
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
         if ctx.causal:
             raise ValueError(
-                "RoutingAttention is bidirectional: the router reads both ends of every pair, and the "
+                "NoncrossingAttention is bidirectional: the router reads both ends of every pair, and the "
                 "local-max choice reads later pairs; use it in encoders (causal=False)"
             )
         b, n = x_BxNxD.shape[:2]

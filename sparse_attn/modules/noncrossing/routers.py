@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.modules.routing.scorer import pair_scores
-from sparse_attn.patterns.temperley_lieb import defect_pairs, diagram_jax, diagram_np, selection
+from sparse_attn.modules.noncrossing.scorer import pair_scores
+from sparse_attn.patterns.noncrossing import defect_pairs, diagram_jax, diagram_np, selection
 
 
 def defect_pair_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0) -> dict:

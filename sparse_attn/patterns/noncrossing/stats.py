@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.patterns.temperley_lieb import normal_form
+from sparse_attn.patterns.noncrossing import normal_form
 
 
 def diagram_stats(p_2N: jax.Array) -> dict[str, jax.Array]:
