@@ -1,4 +1,4 @@
-"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train; no import
+"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train | decode; no import
 cycles between the package's modules; no import of the package's own modules hidden inside a function or a
 conditional (a lazy import is how a cycle hides)."""
 
@@ -17,6 +17,7 @@ RANK = {
     "modules": 4,
     "models": 5,
     "train": 6,
+    "decode": 6,  # beside train: above modules and models, below experiments
 }
 
 
