@@ -32,6 +32,7 @@ import jax
 
 from experiments import classify_metrics as cm
 from experiments.attention_names import CLASSIFIER_NAMES, Anchors, classifier_attention, parse_names
+from experiments.padded_pathfinder import PaddedPathfinder, padded_size
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, eval_batches
 from sparse_attn.data.tasks import listops as listops_lib
@@ -70,8 +71,11 @@ def make_task(name: str, n: int, *, num_train: int, num_validation: int) -> Task
         return Dyck(seq_len=n, **sizes)
     if name == "pathfinder":
         size = math.isqrt(n)
+        if size * size != n and n & (n - 1) == 0 and n >= 64:  # n = 128, 512: 11x11, 22x22 padded
+            return PaddedPathfinder(size=padded_size(n), pad_to=n, **sizes)
         if size * size != n:
-            raise ValueError(f"pathfinder needs n = size**2 (1024, 4096, ...), got {n}")
+            raise ValueError(f"pathfinder needs n = size**2 (1024, 4096, ...) or a power of two "
+                             f"(the largest square image, padded), got {n}")
         return Pathfinder(size=size, **sizes)
     if name == "digits":
         if n != 64:
@@ -156,7 +160,20 @@ def seed(task: str = "listops", n: int = 512, attention: str = "dense", seed: in
                    warmup_steps=500, checkpoint_every=1000, eval_every=1000, eval_batches=63)
 
 
-CONFIGS = {"smoke": smoke, "small": small, "seed": seed}
+def cpu(task: str = "listops", n: int = 128, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
+    """The CPU grid's cells (docs/results.md): 2 layers x 64 wide (4 heads, MLP 128), 16 sequences a step,
+    evaluation every 50 steps on 256 validation examples; the grid sets `--num_steps` per (task, n).
+
+    `python -m experiments.classify_grid --grid cpu --config cpu`; one cell:
+    `python -m experiments.classify --task dyck --n 128 --attention local --config cpu --num_steps 400`.
+    Expected results: the tables of docs/results.md (2 shared CPU cores; ~0.1-0.5 s a step at n = 128).
+    """
+    return _config("cpu", task, n, attention, layers=2, dim=64, heads=4, mlp=128, num_train=96_000,
+                   num_validation=256, seed=seed, global_batch=16, num_steps=400, learning_rate=2e-3,
+                   warmup_steps=20, checkpoint_every=50, eval_every=50, eval_batches=16)
+
+
+CONFIGS = {"smoke": smoke, "small": small, "cpu": cpu, "seed": seed}
 
 
 # ---------------------------------------------------------------------------------------------- run
