@@ -12,11 +12,14 @@ tables and plots with `python -m experiments.report_results`.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import NamedTuple
 
@@ -28,6 +31,7 @@ class Cell(NamedTuple):
     n: int
     attention: str
     seed: int
+    steps: int | None = None  # None: the config's (or --num_steps)
 
 
 def _cells(tasks_n: dict[str, tuple[int, ...]], attentions: tuple[str, ...], seeds: tuple[int, ...]) -> list[Cell]:
@@ -38,6 +42,23 @@ def _cells(tasks_n: dict[str, tuple[int, ...]], attentions: tuple[str, ...], see
 # the offline non-hierarchical control (CIFAR-10 needs its TFDS data: add ("cifar10", (1024,)) where prepared).
 SEED002_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfinder": (1024,)}
 SEEDS = (0, 1, 2)
+
+# The CPU grid (`--config cpu`, docs/results.md): the three task families at n = 128 and 512 (Pathfinder
+# 11x11 / 22x22 padded), the baselines and each mechanism family. Steps per n: what 2 shared cores allow.
+CPU_TASKS = ("listops", "dyck", "pathfinder")
+CPU_ATTENTION = ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")
+CPU_STEPS = {128: 200, 512: 60}
+
+
+def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
+    """Priority order: n = 128 seed 0, then seeds 1 and 2, then n = 512 likewise; label cells last at each
+    stage (their defaults were still moving when the grid was first run)."""
+    def stage(n, seeds):
+        return ([Cell(t, n, a, s, steps[n]) for s in seeds for t in CPU_TASKS for a in CPU_ATTENTION if a != "labels"]
+                + [Cell(t, n, "labels", s, steps[n]) for s in seeds for t in CPU_TASKS])
+    return stage(128, (0,)) + stage(128, (1, 2)) + stage(512, (0,)) + stage(512, (1, 2))
+
+
 GRIDS = {
     "seed002": _cells(SEED002_TASKS, ("dense", "local", "noncrossing_defect"), SEEDS),  # 63 cells
     # The other baselines and mechanisms on the same cells.
@@ -46,6 +67,7 @@ GRIDS = {
     # Only the middle block pair replaced, as the seed's "replace one or two dense blocks" (6 layers).
     "seed002_hybrid": _cells({"listops": (512, 2048), "dyck": (512, 2048)},
                              ("dense,dense,noncrossing_defect,noncrossing_defect,dense,dense",), SEEDS),
+    "cpu": cpu_cells(),
     "sample": _cells({"digits": (64,)}, ("dense", "local"), (0,)),
 }
 
@@ -62,7 +84,7 @@ def finished_keys(path: str) -> set[tuple]:
             for line in f:
                 try:
                     keys.add(_key(json.loads(line)))
-                except json.JSONDecodeError:
+                except (json.JSONDecodeError, AttributeError):
                     continue
     return keys
 
@@ -83,55 +105,176 @@ def run_subprocess(argv: list[str], timeout_s: float) -> int:
         return 124
 
 
+def git_commit() -> str:
+    """`git rev-parse --short HEAD` of the working directory, "+dirty" when experiments/ or sparse_attn/ differ
+    from it; "unknown" outside a repository (e.g. a `git archive` snapshot: pass `--commit`)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "experiments", "sparse_attn"],
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+class LoadSampler:
+    """`os.getloadavg()[0]` every `period_s` while a cell runs (wall-clock numbers are taken under this load)."""
+
+    def __init__(self, period_s: float = 5.0):
+        self.samples = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period_s,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, period_s):
+        while not self._stop.wait(period_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+        s = self.samples
+        return {"start": s[0], "end": s[-1], "mean": sum(s) / len(s), "max": max(s), "samples": len(s)}
+
+
+def _pop_row(path: str) -> dict | None:
+    """The last JSON line a cell's run wrote to its own results file (None if it wrote none)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+
+
+def append_row(path: str, row: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # grid shards may append to the same file
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def run_grid(cells: list[Cell], *, config: str, num_steps: int | None, results_dir: str, runs_dir: str,
-             time_limit_s: float, run=run_subprocess, log=print) -> dict[Cell, str]:
-    """Run the cells without a result line, in order; returns each cell's status."""
-    steps = num_steps if num_steps is not None else CONFIGS[config]().train.num_steps
+             time_limit_s: float, run=run_subprocess, log=print, deadline: float | None = None,
+             min_cell_s: float = 0.0, commit: str | None = None, grid: str = "", grid_command: str = "",
+             clock=time.time) -> dict[Cell, str]:
+    """Run the cells without a result line, in order; returns each cell's status.
+
+    Each cell writes its row to `<workdir>/row.jsonl`; the grid adds the git commit, the load average during the
+    cell (sampled every 5 s) and its own command, and appends it to `<results_dir>/<task>.jsonl` (so an
+    interrupted grid leaves whole lines only and a rerun skips what is there). `deadline` (a `clock()` time):
+    no cell starts with less than `min_cell_s` left, and none runs past it.
+    """
+    default_steps = CONFIGS[config]().train.num_steps
+    commit = commit or git_commit()
     status = {}
     for cell in cells:
+        steps = num_steps if num_steps is not None else cell.steps if cell.steps is not None else default_steps
         results = os.path.join(results_dir, f"{cell.task}.jsonl")
         if (cell.task, cell.n, cell.attention, cell.seed, config, steps) in finished_keys(results):
             status[cell] = "done before"
             continue
+        limit = time_limit_s
+        if deadline is not None:
+            left = deadline - clock()
+            if left < max(min_cell_s, 1.0):
+                status[cell] = "not started (deadline)"
+                continue
+            limit = min(limit, left)
         workdir = os.path.join(runs_dir, config, f"{cell.task}_n{cell.n}_{cell.attention.replace(',', '+')}"
                                                  f"_s{cell.seed}")
+        os.makedirs(workdir, exist_ok=True)
+        own = os.path.join(workdir, "row.jsonl")
+        if os.path.exists(own):
+            os.remove(own)
         argv = ["--task", cell.task, "--n", str(cell.n), "--attention", cell.attention, "--config", config,
-                "--seed", str(cell.seed), "--workdir", workdir, "--results", results]
-        if num_steps is not None:
-            argv += ["--num_steps", str(num_steps)]
-        log(f"== {cell} -> {workdir}")
+                "--seed", str(cell.seed), "--workdir", workdir, "--results", own]
+        if steps != default_steps:
+            argv += ["--num_steps", str(steps)]
+        log(f"== {cell} -> {workdir} (limit {limit:.0f} s)")
         t0 = time.perf_counter()
-        rc = run(argv, time_limit_s)
+        load = LoadSampler()
+        rc = run(argv, limit)
+        load = load.stop()
+        row = _pop_row(own) if rc == 0 else None
         if rc == 124:
             status[cell] = "timed out (rerun to resume)"
         elif rc != 0:
             status[cell] = f"failed (exit {rc})"
+        elif row is None:
+            status[cell] = "failed (no result row)"
         else:
+            row.update(git_commit=commit, load=load, nice=os.nice(0), grid=grid, grid_command=grid_command,
+                       cell_wall_s=time.perf_counter() - t0)
+            append_row(results, row)
             status[cell] = "finished"
-        log(f"   {status[cell]} in {time.perf_counter() - t0:.0f} s")
+        log(f"   {status[cell]} in {time.perf_counter() - t0:.0f} s (load {load['mean']:.1f})")
     return status
+
+
+def parse_deadline(text: str | None, now: float | None = None) -> float | None:
+    """`HH:MM` (UTC, today; tomorrow if already past) -> a `time.time()` value."""
+    if not text:
+        return None
+    now = time.time() if now is None else now
+    hh, mm = (int(x) for x in text.split(":"))
+    day = now - now % 86400
+    t = day + hh * 3600 + mm * 60
+    return t if t > now else t + 86400
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--grid", choices=sorted(GRIDS), required=True)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="seed")
-    parser.add_argument("--num_steps", type=int)
+    parser.add_argument("--num_steps", type=int, help="override every cell's steps")
     parser.add_argument("--time_limit", type=float, default=7200, help="seconds per cell")
+    parser.add_argument("--deadline", help="HH:MM UTC: start no cell after it (less --min_cell left), stop at it")
+    parser.add_argument("--min_cell", type=float, default=60, help="seconds a cell needs to be started")
+    parser.add_argument("--only", help="comma-separated attention names: run only these cells")
+    parser.add_argument("--n", type=int, action="append", help="run only cells of this length (repeatable)")
+    parser.add_argument("--seeds", help="comma-separated: run only cells of these seeds")
+    parser.add_argument("--skip", help="comma-separated attention names: leave these cells out")
+    parser.add_argument("--shard", default="0/1", help="i/k: run the cells whose index is i mod k (parallel grids)")
+    parser.add_argument("--commit", help="the commit the code was taken from (default: git rev-parse here)")
     parser.add_argument("--results_dir", default=os.path.join("experiments", "results"))
     parser.add_argument("--runs_dir", default=os.path.join("runs", "grid"))
     parser.add_argument("--dry_run", action="store_true", help="list the cells and their status only")
     args = parser.parse_args(argv)
-    cells = GRIDS[args.grid]
+    cells = select(GRIDS[args.grid], only=args.only, skip=args.skip, shard=args.shard, lengths=args.n or (),
+                   seeds=args.seeds)
     if args.dry_run:
         for cell in cells:
             print(cell)
         return {}
+    command = "python -m experiments.classify_grid " + shlex.join(argv if argv is not None else sys.argv[1:])
     status = run_grid(cells, config=args.config, num_steps=args.num_steps, results_dir=args.results_dir,
-                      runs_dir=args.runs_dir, time_limit_s=args.time_limit)
+                      runs_dir=args.runs_dir, time_limit_s=args.time_limit, deadline=parse_deadline(args.deadline),
+                      min_cell_s=args.min_cell, commit=args.commit, grid=args.grid, grid_command=command)
     for cell, s in status.items():
         print(f"{s:30s} {cell}")
     return status
+
+
+def select(cells: list[Cell], *, only: str | None = None, skip: str | None = None, shard: str = "0/1",
+           lengths=(), seeds: str | None = None) -> list[Cell]:
+    """The cells named by `--only` / `--skip` (attention names), `--n` and `--seeds`, then every k-th of them
+    from the i-th (`--shard i/k`)."""
+    seeds = {int(x) for x in seeds.split(",")} if seeds else set()
+    keep = set(only.split(",")) if only else None
+    drop = set(skip.split(",")) if skip else set()
+    i, k = (int(x) for x in shard.split("/"))
+    if not 0 <= i < k:
+        raise ValueError(f"--shard must be i/k with 0 <= i < k, got {shard!r}")
+    cells = [c for c in cells if (keep is None or c.attention in keep) and c.attention not in drop
+             and (not lengths or c.n in lengths) and (not seeds or c.seed in seeds)]
+    return cells[i::k]
 
 
 if __name__ == "__main__":
