@@ -1,5 +1,6 @@
 """The classification runner: every task's smoke config, exact resume after a mid-run Ctrl-C, the CLI, the
-FLOP count of every mechanism family, the grid's bookkeeping and the results report."""
+FLOP count of every mechanism family and the grid's bookkeeping (the report and the GPU script:
+tests/experiments/test_classify_grid.py)."""
 
 import dataclasses
 import json
@@ -9,12 +10,13 @@ import signal
 
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
-from experiments import attention_names, classify, classify_grid, report_results
+from experiments import attention_names, classify, classify_grid
 from experiments import classify_metrics as cm
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
-from sparse_attn.modules import AnchorAttentionConfig, LocalAttention, NoncrossingAttentionConfig
+from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LocalAttention, NoncrossingAttentionConfig
 from sparse_attn.train import read_metrics
 
 QUIET = dict(log=lambda m: None)
@@ -51,7 +53,9 @@ def test_smoke_config_of_each_task(tmp_path, task, attention):
     if task == "listops":
         assert layer["stats"]["abca/anchors"] > 0  # ListOps has `]` tokens: explicit anchors exist
     if task == "dyck":
-        assert layer["stats"]["arcs"] > 0
+        assert layer["stats"]["noncrossing/arcs"] > 0
+    assert layer["stats"]["keys_per_query"] == pytest.approx(layer["keys_per_query"], rel=1e-5)
+    assert layer["stats"]["attn_flops_vs_dense"] == pytest.approx(layer["attn_vs_dense"], rel=1e-5)
     if task in ("listops", "dyck"):  # accuracy by depth / distance bucket covers every example once
         buckets = row["accuracy_by_bucket"]
         assert sum(b["fraction"] for b in buckets.values()) == pytest.approx(1.0)
@@ -133,51 +137,6 @@ def test_parse_names():
             attention_names.parse_names(bad, 3)
 
 
-def _row(task, n, attention, seed, acc, config="small", **extra):
-    return {"kind": "classify", "task": task, "n": n, "attention": attention, "config": config, "seed": seed,
-            "steps": 300, "accuracy": acc, "valid_loss": 1.0 - acc, "flops": {"total": 2e12, "per_step": 6.7e9},
-            "memory_mib": {"peak_mib": 10.0 * n / 64, "temp_mib": 8.0}, "step_s": 0.05, "tokens_per_s": 4e4,
-            "layers": [{"attention": attention, "attn_vs_dense": 0.5 if attention != "dense" else 1.0,
-                        "keys_per_query": 0.5 * n if attention != "dense" else n,
-                        "stats": {"arcs": 1.5} if attention == "local" else {}}],
-            "param_count": 1000, "backend": "cpu", "jax": "0.10.2",
-            "command": f"python -m experiments.classify --task {task} --n {n} --seed {seed}",
-            **extra}
-
-
-def test_report_renders_from_synthetic_jsonl(tmp_path):
-    results = tmp_path / "results"
-    results.mkdir()
-    rows = [_row("listops", n, att, s, acc) for n in (128, 512) for att in ("dense", "local")
-            for s, acc in ((0, 0.30), (1, 0.40))]
-    rows[0]["curve"] = [{"step": 100, "train_flops": 1e12, "accuracy": 0.2, "valid_loss": 2.0},
-                        {"step": 300, "train_flops": 3e12, "accuracy": 0.3, "valid_loss": 1.5}]
-    rows.append(_row("listops", 2048, "dense", 0, 0.35, accuracy_by_bucket={"1-2": {"accuracy": 0.5,
-                                                                                     "fraction": 1.0}}))
-    (results / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
-    (results / "dyck.jsonl").write_text(json.dumps(_row("dyck", 64, "dense", 0, 0.6, config="smoke")) + "\n")
-    out = tmp_path / "docs" / "results.md"
-    written = report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"),
-                                    note="Measured on a shared machine.")
-    text = out.read_text()
-    assert "Rows with a config other than `seed` are smoke-scale" in text and "Measured on a shared machine." in text
-    assert "Backends: cpu (jax 0.10.2)." in text
-    assert "| listops | small | 128 | dense | 2 | 0.350 ± 0.071 |" in text  # mean ± std over two seeds
-    assert "| listops | small | 2048 | dense | 1 | 0.350 |" in text
-    assert "python -m experiments.classify --task listops --n 512 --seed 0" in text
-    assert "smoke" in text and "1-2: 0.50" in text
-    assert "| L0 keys 64 arcs 1.5 |" in text and "| L0 keys 2.05e+03 |" in text
-    for path in written:
-        assert path.endswith(".png") and os.path.getsize(path) > 1000
-    assert len(written) == 6  # accuracy vs n, accuracy vs memory, loss vs FLOPs; per task
-
-
-def test_report_with_no_rows(tmp_path):
-    out = tmp_path / "results.md"
-    assert report_results.render(str(tmp_path), str(out), plots_dir=str(tmp_path)) == []
-    assert "No results yet" in out.read_text()
-
-
 def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
     cells = [classify_grid.Cell("digits", 64, "dense", 0), classify_grid.Cell("digits", 64, "local", 0)]
     done_row = {"kind": "classify", "task": "digits", "n": 64, "attention": "dense", "seed": 0, "config": "smoke",
@@ -232,16 +191,22 @@ def test_prefetch_gives_task_batches_and_resumes():
         pre.close()
 
 
-def test_layer_attention_flops_per_family():
+def test_layer_attention_flops_from_the_common_statistic():
+    """Pairs = keys_per_query (as the layer reports it) * heads * valid tokens, for every family alike."""
     vl = jnp.asarray([10, 64, 33], jnp.int32)
-    kw = dict(n=64, valid_len_B=vl, heads=2, head_dim=16)
+    kw = dict(valid_len_B=vl, heads=2, head_dim=16)
+    ctx = AttentionContext(valid_len=vl)
+    x = jnp.zeros((3, 64, 8))
+
+    def reported(config):
+        return config.make(8, 2, rngs=nnx.Rngs(0))(x, ctx).stats
+
     # Local window of radius 5 inside each valid prefix, counted by hand.
     pairs = sum(min(i + 5, v - 1) - max(i - 5, 0) + 1 for v in (10, 64, 33) for i in range(v))
-    assert float(cm.layer_attention_flops(LocalAttention(radius=5), {}, **kw)) == 4 * 16 * 2 * pairs
-    dense = cm.layer_attention_flops(attention_names.classifier_attention("dense", n=64), {}, **kw)
-    assert float(dense) == 4 * 16 * 2 * (10**2 + 64**2 + 33**2)
-    routing = NoncrossingAttentionConfig()
-    assert float(cm.layer_attention_flops(routing, {"arcs": 2.0}, **kw)) == 4 * 16 * 2 * (107 + 3 * 2.0)
-    assert cm.layer_attention_flops(AnchorAttentionConfig(), {"abca/attn_flops": 7.0}, **kw) == 7.0
+    local = cm.layer_attention_flops(reported(LocalAttention(radius=5)), **kw)
+    assert float(local) == pytest.approx(4 * 16 * 2 * pairs, rel=1e-6)
+    dense = cm.layer_attention_flops(reported(attention_names.classifier_attention("dense", n=64)), **kw)
+    assert float(dense) == pytest.approx(4 * 16 * 2 * (10**2 + 64**2 + 33**2), rel=1e-6)
+    assert float(cm.layer_attention_flops({"keys_per_query": 2.5}, **kw)) == 4 * 16 * 2 * 2.5 * 107
     with pytest.raises(ValueError, match="no attention FLOP count"):
-        cm.layer_attention_flops(routing, {"zones": 1.0}, **kw)
+        cm.layer_attention_flops({"noncrossing/arcs": 1.0}, **kw)
