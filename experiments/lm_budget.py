@@ -1,0 +1,181 @@
+"""Equal attention budgets for the causal LM: each mechanism's window / zone / label parameters for a target number
+of allowed keys per query (allowed (query, key) pairs / tokens, self included; causal dense has (n + 1) / 2).
+
+    attention_for_budget("labels_d8k2", n=256, keys_per_query=32)   # -> LabelAttentionConfig(radius=...)
+
+How each mechanism's keys per query is counted (`keys_per_query`), on full sequences of length n:
+* dense, local, Longformer, BigBird: exactly, `patterns.pattern_stats` of the layer's pattern.
+* ABCA: exactly for the anchors it gets (`modules.abca.stats.abca_stats`: anchor gather + zones + every handshake
+  step). Fixed placement: every `interval` tokens. Explicit (newline) anchors depend on the text: counted on
+  `tokens` (windows of the corpus); only the zone cap `max_zone` is tunable, so a budget above what the lines give
+  cannot be met (an error says so). Learned placement: counted as before training, when the score head places no
+  anchor and the cap inserts one every `max_zone` tokens; trained anchors can only shorten zones, so this is the
+  learned run's upper bound, and its measured `keys_per_query` during training is in the results.
+* Labels: the pattern depends on the router. The convention is the *expected* count under independent uniform
+  k-of-d labels: 1 + (keys of the base graph H besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k)
+  (`patterns.labels.stats.p_share`). The balance loss pushes towards uniform buckets, but a trained router
+  correlates neighbours' labels, so the trained count differs; the training statistics report it
+  (`layer{i}/keys_per_query`). `tests/experiments/test_lm_grid.py` checks the convention against the dense mask of
+  random labels.
+
+Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
+labels_d4k1, abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps), abca_global (global
+handshake), abca_fixed, abca_learned (score head trained towards newlines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn import patterns
+from sparse_attn.modules import (
+    AnchorAttentionConfig,
+    AttentionContext,
+    BigBirdAttention,
+    DenseAttention,
+    LabelAttentionConfig,
+    LocalAttention,
+    LongformerAttention,
+)
+from sparse_attn.modules.abca.stats import abca_stats
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.stats import p_share
+
+NEWLINE = ord("\n")
+TOLERANCE = 0.10  # matched budgets lie within 10% of the target
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One compared mechanism: `build(param, n, target)` gives its config for the tuned integer parameter (window
+    radius, fixed interval or zone cap) at length n and the target keys per query (BigBird sizes its random block
+    from it)."""
+
+    build: Callable[[int, int, float], object]
+    tuned: str
+
+
+def _labels(d: int, k: int) -> Variant:
+    # Landmarks every `radius` tokens (about one per window), stated here so the count does not follow a default.
+    return Variant(lambda w, n, t: LabelAttentionConfig(num_labels=d, top_k=k, radius=w, landmark_every=w,
+                                                        block=min(128, n), soft_block=min(64, n)), "radius")
+
+
+def _abca(**kw) -> Variant:
+    return Variant(lambda z, n, t: AnchorAttentionConfig(max_zone=z, **kw), "max_zone")
+
+
+def _abca_global(**kw) -> Variant:
+    # The global handshake's dense head holds 4 ceil(n / max_zone) anchors (the packed core's page default).
+    return Variant(lambda z, n, t: AnchorAttentionConfig(max_zone=z, handshake="global",
+                                                         max_anchors=4 * math.ceil(n / z), **kw), "max_zone")
+
+
+def bigbird_block(target: float) -> int:
+    """BigBird's random key block: the largest power of two <= target / 4 (the random part stays a quarter of the
+    budget; the window takes the rest)."""
+    return 2 ** max(int(math.log2(max(target / 4, 1))), 0)
+
+
+VARIANTS: dict[str, Variant | None] = {
+    "dense": None,  # the reference: not matched
+    "local": Variant(lambda r, n, t: LocalAttention(radius=r), "radius"),
+    "longformer": Variant(lambda r, n, t: LongformerAttention(radius=r, num_global=1), "radius"),
+    "bigbird": Variant(lambda r, n, t: BigBirdAttention(radius=r, num_global=1, num_random=1,
+                                                        block=min(bigbird_block(t), n)), "radius"),
+    "labels": _labels(8, 2),
+    "labels_d16k2": _labels(16, 2),
+    "labels_d8k1": _labels(8, 1),
+    "labels_d4k1": _labels(4, 1),
+    "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
+    "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
+    "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
+    "abca_fixed": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z),
+                          "interval"),
+    "abca_learned": _abca(placement="learned", boundary_ids=(NEWLINE,)),
+}
+
+
+def _abca_keys(cfg: AnchorAttentionConfig, n: int, tokens_BxN) -> float:
+    if cfg.placement == "explicit":
+        if tokens_BxN is None:
+            raise ValueError("explicit ABCA anchors depend on the text: pass tokens (windows of the corpus)")
+        tokens = jnp.asarray(tokens_BxN, jnp.int32)
+        if tokens.shape[1] != n:
+            raise ValueError(f"tokens have length {tokens.shape[1]}, expected n={n}")
+        raw = abca.explicit_anchors(tokens_BxN=tokens, anchor_id=cfg.anchor_id, vocab_size=cfg.vocab_size)
+    elif cfg.placement == "fixed":
+        raw = abca.fixed_interval_anchors(1, n, cfg.interval)
+    else:  # learned, before training: no placed anchor, the cap inserts them (see the module docstring)
+        raw = jnp.zeros((1, n), bool)
+    b = raw.shape[0]
+    valid = jnp.full((b,), n, jnp.int32)
+    is_anchor, inserted = abca.enforce_zone_cap(raw, valid, cfg.max_zone)
+    zones = abca.compute_zones(is_anchor, valid)
+    max_anchors = cfg.max_anchors if cfg.max_anchors is not None else 4 * math.ceil(n / cfg.max_zone)
+    st = abca_stats(zones, inserted, {}, causal=True, handshake=cfg.handshake, handshake_steps=cfg.handshake_steps,
+                    max_anchors=max_anchors)
+    return float(st["keys_per_query"])
+
+
+def label_keys(cfg: LabelAttentionConfig, n: int) -> float:
+    """The labels convention: 1 + (keys of H besides self) x p_share(d, k)."""
+    every = cfg.radius if cfg.landmark_every is None else cfg.landmark_every  # None: the config's "one per window"
+    base = BaseGraph(radius=cfg.radius, landmark_every=every, causal=True)
+    pos = jnp.arange(n)
+    h = base.in_window(pos[:, None], pos[None, :]) | base.landmark_edge(pos[:, None], pos[None, :])
+    others = float(jnp.sum(h)) / n - 1.0
+    return 1.0 + others * p_share(cfg.num_labels, cfg.top_k)
+
+
+def keys_per_query(att, n: int, tokens_BxN=None) -> float:
+    """Allowed keys per query of one causal layer on full length-n sequences (see the module docstring)."""
+    if isinstance(att, LabelAttentionConfig):
+        return label_keys(att, n)
+    if isinstance(att, AnchorAttentionConfig):
+        return _abca_keys(att, n, tokens_BxN)
+    ctx = AttentionContext(valid_len=jnp.full((1,), n, jnp.int32), causal=True)
+    return float(patterns.pattern_stats(att.pattern(n, ctx), 1)["mean_keys"])
+
+
+def attention_for_budget(name: str, *, n: int, keys_per_query_target: float, tokens_BxN=None):
+    """The config of variant `name` whose keys per query is closest to the target (dense: the dense layer).
+
+    Raises ValueError when no parameter brings it within `TOLERANCE` of the target.
+    """
+    if name not in VARIANTS:
+        raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
+    variant = VARIANTS[name]
+    if variant is None:
+        return DenseAttention()
+    measure = functools.cache(lambda p: keys_per_query(variant.build(p, n, keys_per_query_target), n, tokens_BxN))
+    lo, hi = 1, max(n - 1, 1)
+    if measure(hi) < keys_per_query_target:
+        lo = hi
+    while lo < hi:  # the smallest parameter reaching the target (keys grow with the parameter)
+        mid = (lo + hi) // 2
+        if measure(mid) >= keys_per_query_target:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = min({max(lo - 1, 1), lo}, key=lambda p: abs(measure(p) - keys_per_query_target))
+    got = measure(best)
+    if abs(got - keys_per_query_target) > TOLERANCE * keys_per_query_target:
+        raise ValueError(f"{name}: no {variant.tuned} gives {keys_per_query_target:g} keys per query at n={n} "
+                         f"(closest: {got:.1f} at {variant.tuned}={best}); pick another budget or variant")
+    return variant.build(best, n, keys_per_query_target)
+
+
+def newline_windows(data_U8: np.ndarray, n: int, num: int = 16, seed: int = 0) -> np.ndarray:
+    """int32[num, n]: windows of a byte array at seeded random offsets (for explicit-anchor budgets)."""
+    if data_U8.size <= n:
+        raise ValueError(f"{data_U8.size} bytes hold no window of {n}")
+    starts = np.random.default_rng(seed).integers(0, data_U8.size - n, size=num)
+    return np.stack([data_U8[s:s + n] for s in starts]).astype(np.int32)

@@ -1,0 +1,319 @@
+"""Byte-level LM at equal attention budgets: one mechanism in every layer, budgets matched by keys per query.
+
+    # one cell (workdir runs/lm_grid/<config>/n<n>_<variant>_k<budget>_s<seed>; re-running resumes)
+    python -m experiments.lm_grid --config cpu --n 256 --variant labels --budget 24 --seed 0
+    # a grid: every cell without a result row, each in a subprocess with a time limit (rerun to resume)
+    nice -n 10 python -m experiments.lm_grid --grid cpu_core --time_limit 1800
+    python -m experiments.lm_grid --report            # the table of experiments/results/lm.jsonl
+
+Variants and the budget convention: `experiments/lm_budget.py` (the dense row is the unmatched reference). Data:
+the embedded stdlib corpus (`experiments/lm.py`). Each finished cell appends one JSON line to `--results`
+(default experiments/results/lm.jsonl) with the command and git commit: validation bits/byte (and its gap to the
+dense row of the same config, n and seed when that row exists), tokens/s, peak compiled train-step memory,
+attention FLOPs (measured keys per query x 4 head_dim per head and token), the matched parameter, the validation
+curve and every layer's mechanism statistics over training (from the train records of `metrics.jsonl`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from typing import NamedTuple
+
+import jax
+
+from experiments import lm
+from experiments.lm_budget import VARIANTS, attention_for_budget, keys_per_query, newline_windows
+from sparse_attn.data import StdlibSource
+from sparse_attn.models import TransformerConfig
+from sparse_attn.train import TrainConfig, read_metrics
+
+RESULTS = os.path.join("experiments", "results", "lm.jsonl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scale:
+    """Model and schedule of one grid config (the attention is filled in per cell)."""
+
+    layers: int
+    dim: int
+    heads: int
+    mlp: int
+    batch: int
+    steps: int
+    lr: float
+    warmup: int
+    eval_every: int
+    eval_batches: int
+    checkpoint_every: int
+
+
+SCALES = {
+    # CI: seconds.
+    "smoke": Scale(layers=1, dim=32, heads=2, mlp=64, batch=4, steps=4, lr=1e-3, warmup=1, eval_every=4,
+                   eval_batches=2, checkpoint_every=4),
+    # CPU (2 cores): 2 x 128 (~0.4M params), 16 x n bytes per step; the smoke LM's width (experiments/lm.py).
+    "cpu": Scale(layers=2, dim=128, heads=4, mlp=512, batch=16, steps=600, lr=3e-3, warmup=60, eval_every=150,
+                 eval_batches=16, checkpoint_every=150),
+}
+
+
+def model_and_train(scale: Scale, n: int, attention, seed: int) -> tuple[TransformerConfig, TrainConfig]:
+    model = TransformerConfig(vocab_size=256, model_dim=scale.dim, num_heads=scale.heads, num_layers=scale.layers,
+                              mlp_dim=scale.mlp, attention=attention)
+    train = TrainConfig(seed=seed, global_batch=scale.batch, seq_len=n, num_steps=scale.steps, learning_rate=scale.lr,
+                        warmup_steps=scale.warmup, weight_decay=0.1, grad_clip=1.0,
+                        checkpoint_every=scale.checkpoint_every, keep_checkpoints=1, eval_every=scale.eval_every,
+                        eval_batches=scale.eval_batches, progress=False)
+    return model, train
+
+
+class Cell(NamedTuple):
+    n: int
+    variant: str
+    budget: float
+    seed: int
+
+
+def _cells(ns, variants, budget, seeds) -> list[Cell]:
+    return [Cell(n, v, budget, s) for n in ns for v in variants for s in seeds]
+
+
+CORE = ("dense", "local", "labels", "abca")
+GRIDS = {
+    "smoke": _cells((64,), ("dense", "local"), 12, (0,)),
+    # The smallest meaningful comparison: n = 256, 24 keys per query (dense: 128.5), one seed.
+    "cpu_core": _cells((256,), CORE, 24, (0,)),
+    # Every mechanism at 256 and 1024, 3 seeds (the issue's headline rows).
+    "cpu_all": _cells((256, 1024), ("dense", "local", "longformer", "bigbird", "labels", "labels_d16k2",
+                                    "labels_d4k1", "abca", "abca_hs2", "abca_global", "abca_fixed",
+                                    "abca_learned"), 24, (0, 1, 2)),
+}
+
+
+# ---------------------------------------------------------------------------------------------- one cell
+
+def git_commit() -> str:
+    """HEAD's hash, with "+dirty" when tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cell_workdir(runs_dir: str, config: str, cell: Cell) -> str:
+    return os.path.join(runs_dir, config, f"n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
+
+
+def run_cell(config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "", log=print) -> dict:
+    """Train one cell (resuming in `workdir`) and append its row to `results`."""
+    scale = SCALES[config]
+    corpus = StdlibSource().load()
+    tokens = newline_windows(corpus.train_U8, cell.n)  # explicit anchors' budget is measured on these windows
+    att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
+    planned = keys_per_query(att, cell.n, tokens)
+    model, train = model_and_train(scale, cell.n, att, cell.seed)
+    summary = lm.train_and_evaluate(lm.LMConfig(model=model, train=train), workdir, log=log)
+    row = result_row(config, cell, model, train, summary, workdir, planned_keys=planned, attention=att,
+                     command=command, dense=dense_row(results, config, cell) if results else None)
+    if results and jax.process_index() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+        with open(results, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return row
+
+
+def _peak_mib(mem: dict) -> float | None:
+    if not mem:
+        return None
+    return mem.get("argument_mib", 0) + mem.get("output_mib", 0) - mem.get("alias_mib", 0) + mem.get("temp_mib", 0)
+
+
+def _finite(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def stats_curve(workdir: str, max_points: int = 20) -> list[dict]:
+    """Every layer's statistics (`layer{i}/...` train metrics) at up to `max_points` logged steps."""
+    train = read_metrics(workdir, "train") if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else {}
+    steps = sorted(train)
+    if not steps:
+        return []
+    pick = sorted({steps[round(i * (len(steps) - 1) / max(max_points - 1, 1))] for i in range(max_points)})
+    return [{"step": s, **{k: _finite(v) for k, v in train[s].items() if k.startswith("layer")}} for s in pick]
+
+
+def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainConfig, summary: dict, workdir: str, *,
+               planned_keys: float, attention, command: str, dense: dict | None) -> dict:
+    heads, head_dim = model.num_heads, model.model_dim // model.num_heads
+    curve = stats_curve(workdir)
+    last = curve[-1] if curve else {}
+    layers = []
+    for i in range(model.num_layers):
+        measured = last.get(f"layer{i}/keys_per_query")
+        keys = measured if measured is not None else planned_keys
+        layers.append({"keys_per_query": keys, "keys_measured": measured is not None,
+                       "attn_fwd_flops_per_seq": 4.0 * head_dim * heads * keys * train.seq_len,
+                       "stats": {k.split("/", 1)[1]: v for k, v in last.items() if k.startswith(f"layer{i}/")}})
+    attn_fwd = sum(layer["attn_fwd_flops_per_seq"] for layer in layers)
+    bpb = summary["eval"]["bits_per_byte"]
+    tok_s = summary.get("tokens_per_s")
+    valid = read_metrics(workdir, "valid") if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else {}
+    tuned = {f: getattr(attention, f) for f in ("radius", "interval", "max_zone", "block", "num_labels", "top_k",
+                                                "handshake", "handshake_steps", "placement") if hasattr(attention, f)}
+    row = {
+        "kind": "lm", "config": config, "n": cell.n, "variant": cell.variant, "budget_keys_per_query": cell.budget,
+        "seed": cell.seed, "steps": summary["step"],
+        "valid_bits_per_byte": float(bpb),
+        "train_bits_per_byte": _finite(summary.get("train", {}).get("bits_per_byte")),
+        "gap_to_dense_pct": 100.0 * (float(bpb) / dense["valid_bits_per_byte"] - 1.0) if dense else None,
+        "planned_keys_per_query": planned_keys, "dense_keys_per_query": (cell.n + 1) / 2,
+        "attention": {"type": type(attention).__name__, **tuned},
+        "attn_fwd_flops_per_seq": attn_fwd, "attn_vs_dense": attn_fwd / (model.num_layers * 4.0 * head_dim * heads
+                                                                         * cell.n * (cell.n + 1) / 2),
+        "tokens_per_s": _finite(tok_s), "wall_s": summary.get("wall_s"),
+        "memory_mib": {**summary.get("memory_mib", {}), "peak_mib": _peak_mib(summary.get("memory_mib", {}))},
+        "param_count": summary["param_count"],
+        "layers": layers, "stats_curve": curve,
+        "valid_curve": [{"step": s, "bits_per_byte": r.get("bits_per_byte")} for s, r in sorted(valid.items())],
+        "model": {"layers": model.num_layers, "dim": model.model_dim, "heads": heads, "mlp": model.mlp_dim},
+        "global_batch": train.global_batch,
+        "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command, "commit": git_commit(), "workdir": workdir,
+    }
+    return row
+
+
+def read_rows(path: str) -> list[dict]:
+    rows = []
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def _key(row: dict) -> tuple:
+    return row.get("config"), row.get("n"), row.get("variant"), row.get("budget_keys_per_query"), row.get("seed")
+
+
+def dense_row(path: str, config: str, cell: Cell) -> dict | None:
+    """The newest dense row of the same config, n and seed (its budget is irrelevant: dense is unmatched)."""
+    rows = [r for r in read_rows(path) if (r.get("config"), r.get("n"), r.get("variant"), r.get("seed"))
+            == (config, cell.n, "dense", cell.seed)]
+    return rows[-1] if rows else None
+
+
+# ---------------------------------------------------------------------------------------------- grid
+
+def run_subprocess(argv: list[str], timeout_s: float) -> int:
+    """`python -m experiments.lm_grid argv`; past `timeout_s` SIGTERM (the loop saves and exits), SIGKILL 120 s
+    later. Returns the exit status, 124 on a timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "experiments.lm_grid", *argv])
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 124
+
+
+def run_grid(cells: list[Cell], *, config: str, results: str, runs_dir: str, time_limit_s: float,
+             run=run_subprocess, log=print) -> dict[Cell, str]:
+    """Run the cells without a result row, dense first within each (n, seed) so gaps can be computed."""
+    status = {}
+    order = sorted(cells, key=lambda c: (c.n, c.seed, c.variant != "dense"))
+    for cell in order:
+        if (config, *cell) in {_key(r) for r in read_rows(results)}:
+            status[cell] = "done before"
+            continue
+        argv = ["--config", config, "--n", str(cell.n), "--variant", cell.variant, "--budget", f"{cell.budget:g}",
+                "--seed", str(cell.seed), "--results", results,
+                "--workdir", cell_workdir(runs_dir, config, cell)]
+        log(f"== {cell}")
+        t0 = time.perf_counter()
+        rc = run(argv, time_limit_s)
+        status[cell] = {0: "finished", 124: "timed out (rerun to resume)"}.get(rc, f"failed (exit {rc})")
+        log(f"   {status[cell]} in {time.perf_counter() - t0:.0f} s")
+    return status
+
+
+def report(rows: list[dict]) -> str:
+    """A markdown table: one line per (config, n, variant, budget), mean over seeds; gap vs the dense mean."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("kind") == "lm":
+            groups.setdefault(_key(r)[:4], []).append(r)
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    dense = {(k[0], k[1]): mean([r["valid_bits_per_byte"] for r in v]) for k, v in groups.items() if k[2] == "dense"}
+    lines = ["| config | n | variant | keys/query (target, measured) | seeds | bits/byte | gap to dense | "
+             "attn/dense | tokens/s | peak MiB | command |", "|" + "---|" * 11]
+    for (config, n, variant, budget), rs in sorted(groups.items()):
+        bpb = mean([r["valid_bits_per_byte"] for r in rs])
+        d = dense.get((config, n))
+        gap = f"{100 * (bpb / d - 1):+.2f}%" if d and variant != "dense" else "–"
+        keys = mean([mean([layer["keys_per_query"] for layer in r["layers"]]) for r in rs])
+        tok = [r["tokens_per_s"] for r in rs if r.get("tokens_per_s")]
+        peak = [r["memory_mib"]["peak_mib"] for r in rs if r["memory_mib"].get("peak_mib")]
+        target = "–" if variant == "dense" else f"{budget:g}"
+        lines.append(f"| {config} | {n} | {variant} | {target}, {keys:.1f} | {len(rs)} | {bpb:.4f} | {gap} | "
+                     f"{mean([r['attn_vs_dense'] for r in rs]):.2f} | {mean(tok):,.0f} | {mean(peak):.1f} | "
+                     f"`{rs[0]['command']}` |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", choices=sorted(SCALES), default="cpu")
+    parser.add_argument("--grid", choices=sorted(GRIDS), help="run every cell of this grid (subprocesses)")
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--variant", default="dense", help=", ".join(VARIANTS))
+    parser.add_argument("--budget", type=float, default=24.0, help="target keys per query (allowed pairs / token)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", help="default runs/lm_grid/<config>/n<n>_<variant>_k<budget>_s<seed>")
+    parser.add_argument("--results", default=RESULTS)
+    parser.add_argument("--runs_dir", default=os.path.join("runs", "lm_grid"))
+    parser.add_argument("--time_limit", type=float, default=3600, help="seconds per cell (--grid)")
+    parser.add_argument("--report", action="store_true", help="print the table of --results and exit")
+    args = parser.parse_args(argv)
+    if args.report:
+        print(report(read_rows(args.results)))
+        return {}
+    if args.grid:
+        status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
+                          time_limit_s=args.time_limit)
+        for cell, s in status.items():
+            print(f"{s:30s} {cell}")
+        return {"status": status}
+    if args.variant not in VARIANTS:
+        parser.error(f"unknown --variant {args.variant!r}; choose from {', '.join(VARIANTS)}")
+    cell = Cell(args.n, args.variant, args.budget, args.seed)
+    command = "python -m experiments.lm_grid " + shlex.join(argv if argv is not None else sys.argv[1:])
+    row = run_cell(args.config, cell, workdir=args.workdir or cell_workdir(args.runs_dir, args.config, cell),
+                   results=args.results, command=command)
+    print(json.dumps({k: row[k] for k in ("n", "variant", "steps", "valid_bits_per_byte", "gap_to_dense_pct",
+                                          "planned_keys_per_query", "tokens_per_s")}))
+    return row
+
+
+if __name__ == "__main__":
+    main()
