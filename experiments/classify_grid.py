@@ -190,31 +190,74 @@ def run_grid(cells: list[Cell], *, config: str, num_steps: int | None, results_d
         workdir = os.path.join(runs_dir, config, f"{cell.task}_n{cell.n}_{cell.attention.replace(',', '+')}"
                                                  f"_s{cell.seed}")
         os.makedirs(workdir, exist_ok=True)
-        own = os.path.join(workdir, "row.jsonl")
-        if os.path.exists(own):
-            os.remove(own)
-        argv = ["--task", cell.task, "--n", str(cell.n), "--attention", cell.attention, "--config", config,
-                "--seed", str(cell.seed), "--workdir", workdir, "--results", own]
-        if steps != default_steps:
-            argv += ["--num_steps", str(steps)]
-        log(f"== {cell} -> {workdir} (limit {limit:.0f} s)")
-        t0 = time.perf_counter()
-        load = LoadSampler()
-        rc = run(argv, limit)
-        load = load.stop()
-        row = _pop_row(own) if rc == 0 else None
-        if rc == 124:
-            status[cell] = "timed out (rerun to resume)"
-        elif rc != 0:
-            status[cell] = f"failed (exit {rc})"
-        elif row is None:
-            status[cell] = "failed (no result row)"
-        else:
-            row.update(git_commit=commit, load=load, nice=os.nice(0), grid=grid, grid_command=grid_command,
-                       cell_wall_s=time.perf_counter() - t0)
-            append_row(results, row)
-            status[cell] = "finished"
-        log(f"   {status[cell]} in {time.perf_counter() - t0:.0f} s (load {load['mean']:.1f})")
+        if not claim(workdir):
+            status[cell] = "running elsewhere"
+            continue
+        try:
+            if (cell.task, cell.n, cell.attention, cell.seed, config, steps) in finished_keys(results):
+                status[cell] = "done before"  # finished by another grid since the check above
+                continue
+            status[cell] = _run_cell(cell, config=config, steps=steps, default_steps=default_steps, workdir=workdir,
+                                     results=results, limit=limit, run=run, log=log,
+                                     extra=dict(git_commit=commit, grid=grid, grid_command=grid_command))
+        finally:
+            os.remove(os.path.join(workdir, CLAIM))
+    return status
+
+
+CLAIM = "grid.claim"
+
+
+def claim(workdir: str) -> bool:
+    """Take the cell for this process (`<workdir>/grid.claim` holds the pid): parallel grids (`--shard`, or
+    another grid on overlapping cells) never train one workdir at once. A claim whose process died is taken over."""
+    path = os.path.join(workdir, CLAIM)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    pid = int(f.read().strip() or 0)
+                os.kill(pid, 0)
+                return False  # alive
+            except (ProcessLookupError, ValueError):
+                os.remove(path)  # stale
+                continue
+            except PermissionError:
+                return False
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _run_cell(cell: Cell, *, config, steps, default_steps, workdir, results, limit, run, log, extra) -> str:
+    """One claimed cell: run it with its own results file, then append its row (+ `extra`, load) to `results`."""
+    own = os.path.join(workdir, "row.jsonl")
+    if os.path.exists(own):
+        os.remove(own)
+    argv = ["--task", cell.task, "--n", str(cell.n), "--attention", cell.attention, "--config", config,
+            "--seed", str(cell.seed), "--workdir", workdir, "--results", own]
+    if steps != default_steps:
+        argv += ["--num_steps", str(steps)]
+    log(f"== {cell} -> {workdir} (limit {limit:.0f} s)")
+    t0 = time.perf_counter()
+    sampler = LoadSampler()
+    rc = run(argv, limit)
+    load = sampler.stop()
+    row = _pop_row(own) if rc == 0 else None
+    if rc == 124:
+        status = "timed out (rerun to resume)"
+    elif rc != 0:
+        status = f"failed (exit {rc})"
+    elif row is None:
+        status = "failed (no result row)"
+    else:
+        row.update(**extra, load=load, nice=os.nice(0), cell_wall_s=time.perf_counter() - t0)
+        append_row(results, row)
+        status = "finished"
+    log(f"   {status} in {time.perf_counter() - t0:.0f} s (load {load['mean']:.1f})")
     return status
 
 

@@ -4,6 +4,8 @@ time limits. Fake runs and clocks: no training here (tests/experiments/test_clas
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -83,6 +85,18 @@ def test_grid_resume_skip_row_fields_and_deadline(tmp_path):
     status = classify_grid.run_grid([Cell("dyck", 64, "abca", 0, 3)], run=_fake_run([], rc=3), **kw)
     assert list(status.values()) == ["failed (exit 3)"]
     assert len((results / "dyck.jsonl").read_text().splitlines()) == n_lines
+
+    # A cell claimed by a live process is left to it; a dead process's claim is taken over.
+    claimed = runs / "smoke" / "dyck_n64_abca_s1"
+    claimed.mkdir(parents=True)
+    (claimed / classify_grid.CLAIM).write_text(str(os.getpid()))
+    status = classify_grid.run_grid([Cell("dyck", 64, "abca", 1, 3)], run=_fake_run(calls), **kw)
+    assert list(status.values()) == ["running elsewhere"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (claimed / classify_grid.CLAIM).write_text(str(dead.pid))
+    assert classify_grid.claim(str(claimed)) and (claimed / classify_grid.CLAIM).read_text() == str(os.getpid())
+    os.remove(claimed / classify_grid.CLAIM)
 
     # Deadline: the time limit shrinks to what is left; nothing starts with less than min_cell_s left.
     calls.clear()
