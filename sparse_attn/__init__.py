@@ -1,17 +1,26 @@
 """sparse_attn: structured sparse attention in JAX/Flax."""
 
 from sparse_attn import patterns
-from sparse_attn.attention import attention, available_implementations, default_implementation, register_executor
+from sparse_attn.attention import (
+    Prepared,
+    attention,
+    available_implementations,
+    default_implementation,
+    prepare,
+    register_executor,
+)
 from sparse_attn.patterns import BlockLayout, Intervals, NeighbourList
 
 __all__ = [
     "BlockLayout",
     "Intervals",
     "NeighbourList",
+    "Prepared",
     "attention",
     "available_implementations",
     "default_implementation",
     "patterns",
+    "prepare",
     "register_executor",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The one public entry point: `attention(q, k, v, pattern, *, implementation=None, ...)`."""
+"""The one public entry point: `attention(q, k, v, pattern, *, implementation=None, ...)`, and `prepare(pattern)`,
+which builds an executor's per-pattern metadata once (docs/architecture.md, "Prepared patterns")."""
 
 from __future__ import annotations
 
@@ -12,10 +13,19 @@ import jax.numpy as jnp
 import sparse_attn.executors  # noqa: F401  (registers the reference, XLA and mechanism executors)
 import sparse_attn.kernels  # noqa: F401  (registers the Pallas kernels)
 from sparse_attn.executors import registry
+from sparse_attn.executors.prepared import Prepared
 from sparse_attn.executors.registry import register_executor
 from sparse_attn.patterns.intervals import Intervals
 
-__all__ = ["attention", "available_implementations", "default_implementation", "register_executor"]
+__all__ = [
+    "Prepared",
+    "attention",
+    "available_implementations",
+    "default_implementation",
+    "prepare",
+    "register_executor",
+]
+_MISSING = object()
 
 
 def available_implementations(pattern_type: type = Intervals) -> tuple[str, ...]:
@@ -26,6 +36,62 @@ def available_implementations(pattern_type: type = Intervals) -> tuple[str, ...]
 def default_implementation(platform: str | None = None, pattern_type: type = Intervals) -> str:
     """What `implementation=None` runs for a pattern type on a platform (default: this one)."""
     return registry.default(pattern_type, platform or jax.default_backend())
+
+
+def prepare(pattern, *, implementation: str | None = None, head_dim: int | None = None, **options) -> Prepared:
+    """The pattern with executor `implementation`'s metadata (tile lists, token metadata, slot layouts) built once.
+
+    `attention(q, k, v, prepared)` then runs that executor without rebuilding it, so one `Prepared` can serve every
+    layer that shares the pattern in a forward pass (and the executors' custom VJPs keep it as a residual). It is a
+    pytree: it passes through `jax.jit`, `jax.tree.map` and sharding like the pattern itself.
+
+    Args:
+      pattern: any registered pattern type.
+      implementation: as in `attention` (None: this platform's default for the pattern type, resolved now).
+      head_dim: the head size D of the q/k/v it will run with; executors that size their tiles by it ("pallas")
+        need it, and `attention` checks it against q.
+      **options: the executor options (e.g. `config` for "pallas"); `attention` runs with these and refuses others.
+
+    Returns:
+      a `Prepared` (metadata None for an executor that registered no `prepare`: it still runs, building per call).
+    """
+    if isinstance(pattern, Prepared):
+        raise ValueError(f"the pattern is already prepared (for implementation {pattern.implementation!r})")
+    name = default_implementation(None, type(pattern)) if implementation is None else implementation
+    registry.lookup(type(pattern), name)
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+        raise ValueError(f"head_dim must be None or an int >= 1, got {head_dim!r}")
+    key = tuple(sorted(options.items()))
+    try:
+        hash(key)
+    except TypeError as e:
+        raise ValueError(f"the executor options of a prepared pattern must be hashable (static), got {options}") from e
+    pattern.validate()
+    fn = registry.preparer(type(pattern), name)
+    metadata = None if fn is None else fn(pattern, head_dim=head_dim, **options)
+    return Prepared(pattern, metadata, name, key, head_dim)
+
+
+def _unwrap(prepared: Prepared, implementation, options: dict, head_dim: int):
+    """(pattern, executor name, options) of a prepared pattern; ValueError on a call it was not prepared for."""
+    name = prepared.implementation
+    if implementation is not None and implementation != name:
+        raise ValueError(
+            f"the pattern was prepared for implementation {name!r}, not {implementation!r}: prepare it with "
+            f"implementation={implementation!r}, or pass the unprepared pattern"
+        )
+    fixed = dict(prepared.options)
+    for key, value in options.items():
+        if fixed.get(key, _MISSING) != value:
+            raise ValueError(
+                f"option {key}={value!r} differs from what the pattern was prepared with ({dict(prepared.options)}): "
+                "pass executor options to prepare(), not attention()"
+            )
+    if prepared.head_dim is not None and prepared.head_dim != head_dim:
+        raise ValueError(f"the pattern was prepared for head_dim={prepared.head_dim}, but q has D={head_dim}")
+    if registry.preparer(type(prepared.pattern), name) is not None:
+        fixed["prepared"] = prepared.metadata
+    return prepared.pattern, name, fixed
 
 
 def _check_inputs(q, k, v, pattern) -> None:
@@ -73,7 +139,8 @@ def attention(
       q_BxNxHxD: queries [batch, length, query heads, head size].
       k_BxNxGxD, v_BxNxGxD: keys and values with G KV heads (H % G == 0: grouped-query attention).
       pattern: any registered pattern type over the N tokens (Intervals, BlockLayout, NeighbourList, and each
-        mechanism's own: `patterns.abca.ZonePattern`, `patterns.labels.LabelPattern`), leading axes [B|1, H|1].
+        mechanism's own: `patterns.abca.ZonePattern`, `patterns.labels.LabelPattern`), leading axes [B|1, H|1];
+        or a `Prepared` one (`prepare`), which runs the executor it was prepared for with its options.
       implementation: a name registered for the pattern's type ("reference" for every type, "xla", "pallas",
         or a mechanism executor such as "packed" or "bucketed"), or None (the platform's default for that type).
         Any other value (including "") or an explicit choice that cannot run raises ValueError naming what can.
@@ -85,6 +152,8 @@ def attention(
       out [B, N, H, D] in q's dtype (0 on rows with no allowed key), and lse if asked. An empty batch (B = 0)
       gives empty outputs; N, H, G and D must be >= 1.
     """
+    if isinstance(pattern, Prepared):
+        pattern, implementation, options = _unwrap(pattern, implementation, options, q_BxNxHxD.shape[-1])
     name = default_implementation(None, type(pattern)) if implementation is None else implementation
     fn = registry.lookup(type(pattern), name)
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)

@@ -7,6 +7,11 @@ also registers "reference" for it (the dense oracle over `to_dense()`), so every
 
 `implementation=None` resolves per pattern type and platform to the executor registered as that platform's
 default (the fastest measured there), else the first one registered after "reference".
+
+An executor may also register `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree of arrays built
+from the pattern alone: tile lists, token metadata, slot layouts). `sparse_attn.prepare` calls it once, and the
+executor then receives the result as `fn(..., prepared=metadata)` instead of rebuilding it (docs/architecture.md,
+"Prepared patterns").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 @dataclasses.dataclass
 class _Entries:
     fns: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    prepares: dict[str, Callable] = dataclasses.field(default_factory=dict)
     defaults: dict[str, str] = dataclasses.field(default_factory=dict)  # platform -> name
 
 
@@ -36,7 +42,12 @@ def set_reference(fn: Callable) -> None:
 
 
 def register_executor(
-    pattern_type: type, name: str, fn: Callable, *, default_on: tuple[str, ...] | str = ()
+    pattern_type: type,
+    name: str,
+    fn: Callable,
+    *,
+    default_on: tuple[str, ...] | str = (),
+    prepare: Callable | None = None,
 ) -> None:
     """Registers `fn` as implementation `name` for `pattern_type` (replacing an earlier one of that name).
 
@@ -45,6 +56,8 @@ def register_executor(
       name: the implementation name, e.g. "xla", "pallas", or what a mechanism executor does ("packed").
       fn: `fn(q, k, v, pattern, *, scale, **options) -> (out, lse)`.
       default_on: platforms ("cpu", "gpu", "tpu") where `implementation=None` picks it.
+      prepare: optional `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree); `fn` must then accept
+        `prepared=metadata` (None: build it itself).
     """
     if not isinstance(pattern_type, type):
         raise ValueError(f"pattern_type must be a class, got {pattern_type!r}")
@@ -58,6 +71,11 @@ def register_executor(
     if _REFERENCE:
         entries.fns.setdefault("reference", _REFERENCE[0])
     entries.fns[name] = fn
+    entries.prepares.pop(name, None)
+    if prepare is not None:
+        if not callable(prepare):
+            raise ValueError(f"prepare must be callable or None, got {prepare!r}")
+        entries.prepares[name] = prepare
     for p in default_on:
         entries.defaults[p] = name
 
@@ -90,6 +108,12 @@ def default(pattern_type: type, platform: str) -> str:
     if "cpu" in entries.defaults:  # the portable choice
         return entries.defaults["cpu"]
     return next((n for n in entries.fns if n != "reference"), "reference")
+
+
+def preparer(pattern_type: type, name: str) -> Callable | None:
+    """The `prepare` function registered with executor `name` (None: it builds everything per call)."""
+    lookup(pattern_type, name)
+    return _entries(pattern_type).prepares.get(name)
 
 
 def lookup(pattern_type: type, name: str) -> Callable:

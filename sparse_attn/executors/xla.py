@@ -8,6 +8,7 @@ Global query rows ("attend everything") run as a small dense pass over at most `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -23,8 +24,37 @@ from sparse_attn.patterns.neighbours import NeighbourList
 DEFAULT_BLOCK = 64
 
 
-def xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, block: int | None = None):
-    """Returns (out[B, N, H, D], lse[B, N, H]).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class XlaMeta:
+    """What `prepare_xla` builds from an Intervals / BlockLayout alone (None where the pattern has no such part).
+
+    global_pos: int32[B|1, M] positions of the global tokens (N past the last; M = `max_global`).
+    random_idx, random_count: int32[B', Qb, R], int32[B', Qb] each query block's random key blocks (BigBird).
+    """
+
+    global_pos: jax.Array | None
+    random_idx: jax.Array | None
+    random_count: jax.Array | None
+
+
+def prepare_xla(pattern, *, head_dim=None, block: int | None = None) -> XlaMeta | None:
+    """The XLA executor's per-pattern metadata (`sparse_attn.prepare(..., implementation="xla")`): global token
+    positions and random block lists; None for a NeighbourList (its rows are the metadata)."""
+    del head_dim, block  # nothing here depends on them
+    if isinstance(pattern, NeighbourList):
+        return None
+    mask = pattern if isinstance(pattern, Intervals) else pattern.mask
+    global_pos, random_idx, random_count = global_positions(mask), None, None
+    if isinstance(pattern, BlockLayout) and pattern.random_blocks is not None and pattern.max_random:
+        random_idx, random_count = _random_lists(pattern)
+    return XlaMeta(global_pos, random_idx, random_count)
+
+
+def xla_attention(
+    q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, block: int | None = None, prepared=None
+):
+    """Returns (out[B, N, H, D], lse[B, N, H]); `prepared`: `prepare_xla`'s metadata (None: built here).
 
     Only sanitised q/k/v enter the einsums; per-token poison terms on the logits send a non-finite value to exactly
     the rows that may attend it (`softmax.sanitize`).
@@ -35,13 +65,14 @@ def xla_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, blo
     if isinstance(pattern, NeighbourList):
         out, lse = _neighbour_attention(q, k, v, poisons, pattern, scale)
         return zero_empty_rows(out, lse), lse
+    meta = prepared if prepared is not None else prepare_xla(pattern)
     layout = pattern if isinstance(pattern, BlockLayout) else None
     mask = pattern if layout is None else pattern.mask
     n = q.shape[1]
     blk = layout.block_q if layout is not None else min(block or DEFAULT_BLOCK, n)
-    out, lse = _band_attention(q, k, v, poisons, mask, layout, blk, scale)
+    out, lse = _band_attention(q, k, v, poisons, mask, layout, blk, scale, meta)
     if mask.global_tokens is not None:
-        out, lse = _global_rows(q, k, v, poisons, pattern, scale, out, lse)
+        out, lse = _global_rows(q, k, v, poisons, pattern, scale, out, lse, meta.global_pos)
     return zero_empty_rows(out, lse), lse
 
 
@@ -73,7 +104,7 @@ def _allowed(mask: Intervals, layout: BlockLayout | None, q_pos, k_pos):
     return mask.allowed(q_pos, k_pos) if layout is None else layout.allowed(q_pos, k_pos)
 
 
-def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float):
+def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float, meta):
     b, n, h, d = q.shape
     g = k.shape[2]
     nb = math.ceil(n / blk)
@@ -104,7 +135,7 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
 
     if in_band is not None and mask.global_tokens is not None:
         # Global keys outside the band: a few gathered rows shared by every query block.
-        gk_pos = _global_positions(mask, b, n)  # [B, M]
+        gk_pos = jnp.broadcast_to(meta.global_pos, (b, mask.max_global))  # [B, M]
         gk = _take_rows(k, gk_pos).transpose(0, 2, 1, 3)[:, :, None]  # [B, G, 1, M, D]
         gv = _take_rows(v, gk_pos).transpose(0, 2, 1, 3)[:, :, None]
         gp = _take_rows(poison_kv[..., None], gk_pos).transpose(0, 2, 1, 3)[:, :, None]
@@ -116,16 +147,7 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
         parts_ok.append(ok)
     if in_band is not None and layout is not None and layout.random_blocks is not None and layout.max_random:
         # Random blocks outside the band (BigBird): gathered per query block from the layout's lists.
-        rl = BlockLayout.from_intervals(
-            Intervals(jnp.ones((1, 1, n), jnp.int32), jnp.zeros((1, 1, n), jnp.int32)),
-            blk,
-            blk,
-            random_blocks=layout.random_blocks,
-            capacity=layout.max_random,
-            split_full=False,
-        )
-        ridx = rl.kv_idx[:, 0]  # [B', Qb, R]  (random blocks are shared by heads)
-        cnt = rl.kv_count[:, 0]
+        ridx, cnt = meta.random_idx, meta.random_count  # [B', Qb, R], [B', Qb]
         rk, rv, rp = (_gather_blocks(x, ridx) for x in (k_, v_, pk_))  # [B, G, Qb, R*bk, D|1]
         pos = (ridx[..., None] * blk + jnp.arange(blk, dtype=jnp.int32).reshape(1, 1, 1, blk)).reshape(ridx.shape[:2] + (-1,))[:, None]
         slot = jnp.repeat(jnp.arange(layout.max_random).reshape(1, 1, -1) < cnt[..., None], blk, axis=-1)[:, None]
@@ -159,6 +181,20 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
     return out.astype(q.dtype), lse
 
 
+def _random_lists(layout: BlockLayout):
+    """(idx int32[B', Qb, R], count int32[B', Qb]): each query block's random key blocks (shared by heads)."""
+    n = layout.num_tokens
+    rl = BlockLayout.from_intervals(
+        Intervals(jnp.ones((1, 1, n), jnp.int32), jnp.zeros((1, 1, n), jnp.int32)),
+        layout.block_q,
+        layout.block_q,
+        random_blocks=layout.random_blocks,
+        capacity=layout.max_random,
+        split_full=False,
+    )
+    return rl.kv_idx[:, 0], rl.kv_count[:, 0]
+
+
 def _band(x_BxGxKbxbkxD, first: int, width: int):
     """[B, G, Qb, C*bk, D]: for each query block the C consecutive key blocks starting `first` blocks earlier."""
     nb = x_BxGxKbxbkxD.shape[2]
@@ -170,6 +206,13 @@ def _band(x_BxGxKbxbkxD, first: int, width: int):
 def _outside(pos, band):
     start, stop = band
     return (pos < start.reshape(1, 1, -1, 1)) | (pos >= stop.reshape(1, 1, -1, 1))
+
+
+def global_positions(mask: Intervals) -> jax.Array | None:
+    """int32[B|1, M]: the global tokens' positions (N past the last; M = `max_global`), None without any."""
+    if mask.global_tokens is None:
+        return None
+    return _global_positions(mask, mask.global_tokens.shape[0], mask.num_tokens)
 
 
 def _global_positions(mask: Intervals, b: int, n: int):
@@ -204,20 +247,23 @@ def _values(e_BxGxRxQxIxK, v_BxGxQpxKxD):
     return jnp.einsum("bgrqik,bgqkd->bgrqid", e_BxGxRxQxIxK, v)
 
 
-def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNxHxD, lse_BxNxH):
+def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNxHxD, lse_BxNxH, rows=None):
     """Overwrites the global query rows of (out, lse) with a dense pass over every key (at most `max_global` rows
-    per sequence); for executors that leave those rows out (the Pallas kernels). Only sanitised values multiply."""
+    per sequence); for executors that leave those rows out (the Pallas kernels). Only sanitised values multiply.
+    `rows`: `prepare_xla(pattern).global_pos` when already built."""
     q, poison_q = sanitize(q_BxNxHxD)
     k, v, poison_kv = sanitize(k_BxNxGxD, v_BxNxGxD)
-    return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH)
+    return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH, rows)
 
 
-def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse):
+def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=None):
     """Global query rows attend every key: a small dense pass over at most `max_global` rows per sequence."""
     b, n, h, d = q.shape
     g = k.shape[2]
     mask = pattern if isinstance(pattern, Intervals) else pattern.mask
-    rows = _global_positions(mask, b, n)  # [B, M]
+    if rows_BpxM is None:
+        rows_BpxM = global_positions(mask)
+    rows = jnp.broadcast_to(rows_BpxM, (b, mask.max_global))  # [B, M]
     qg = _take_rows(q, rows).reshape(b, -1, g, h // g, d)
     s = jnp.einsum("bmgrd,bkgd->bgrmk", qg, k, preferred_element_type=jnp.float32) * scale
     poison_q, poison_kv = poisons
@@ -265,6 +311,6 @@ def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
     return out.astype(q.dtype), lse.transpose(0, 3, 1, 2).reshape(b, n, h)
 
 
-registry.register_executor(Intervals, "xla", xla_attention, default_on="cpu")
-registry.register_executor(BlockLayout, "xla", xla_attention, default_on="cpu")
+registry.register_executor(Intervals, "xla", xla_attention, default_on="cpu", prepare=prepare_xla)
+registry.register_executor(BlockLayout, "xla", xla_attention, default_on="cpu", prepare=prepare_xla)
 registry.register_executor(NeighbourList, "xla", xla_attention, default_on=("cpu", "gpu", "tpu"))

@@ -1,4 +1,5 @@
-"""The "pallas" executor: metadata, padding, `jax.custom_vjp` around the kernels, global rows.
+"""The "pallas" executor: metadata (built here, or once by `prepare_pallas`), padding, `jax.custom_vjp` around the
+kernels, global rows.
 
 Global query rows (Longformer/BigBird "attend everything" rows) are not computed in the kernels: the tile lists are
 built with `global_rows=False` and the XLA executor's dense pass over at most `max_global` rows per sequence
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors.softmax import zero_empty_rows
-from sparse_attn.executors.xla import global_rows
+from sparse_attn.executors.xla import global_positions, global_rows
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
 from sparse_attn.kernels.config import KernelConfig
@@ -32,22 +33,60 @@ class _Static:
     caps: tuple[int, ...] | None  # Mosaic list widths: (fwd, fwd transposed, bwd, bwd transposed)
 
 
-def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, config: KernelConfig | None = None):
-    """Executor `fn(q, k, v, pattern, scale, config=...) -> (out [B, N, H, D], lse [B, N, H] float32)` for
-    `Intervals` and `BlockLayout` (neighbour lists have no kernel: docs/kernels.md, "Decisions")."""
-    b, n, h, d = q_BxNxHxD.shape
-    cfg = (config or KernelConfig()).resolve(d)
-    mask, random_blocks, max_random, pinned = metadata.split_pattern(pattern)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KernelMeta:
+    """What `prepare_pallas` builds from the pattern alone: per-token arrays, the forward / backward tile lists
+    (the same object when the tiles agree) and the global rows' positions (None without global tokens)."""
+
+    meta: metadata.TokenMeta
+    lists_f: metadata.TileLists
+    lists_b: metadata.TileLists
+    global_pos: jax.Array | None
+
+
+def _plan(pattern, config: KernelConfig | None, head_dim: int):
+    """(resolved config, forward tiles, backward tiles, padded length): static, from the pattern's shapes."""
+    cfg = (config or KernelConfig()).resolve(head_dim)
+    _, _, _, pinned = metadata.split_pattern(pattern)
     sizes = cfg.block_sizes
     fwd_blocks = pinned or (sizes.block_q, sizes.block_k)
     bwd_blocks = pinned or sizes.bwd
-    n_pad = _round_up(n, max(fwd_blocks + bwd_blocks))
+    return cfg, fwd_blocks, bwd_blocks, _round_up(pattern.num_tokens, max(fwd_blocks + bwd_blocks))
+
+
+def prepare_pallas(pattern, *, head_dim: int | None = None, config: KernelConfig | None = None) -> KernelMeta:
+    """The kernels' token metadata and tile lists for `pattern` (`sparse_attn.prepare(..., implementation="pallas",
+    head_dim=D)`): the default tile sizes depend on the head size D."""
+    if head_dim is None:
+        raise ValueError('prepare(..., implementation="pallas") needs head_dim=D: the kernels\' tiles depend on it')
+    _, fwd_blocks, bwd_blocks, n_pad = _plan(pattern, config, head_dim)
+    mask, random_blocks, max_random, _ = metadata.split_pattern(pattern)
     lead = metadata.lead_shape(mask, random_blocks)
-    meta = metadata.token_meta(mask, lead, n_pad)
     lists_f = metadata.tile_lists(mask, random_blocks, max_random, lead, *fwd_blocks)
     lists_b = lists_f
     if bwd_blocks != fwd_blocks:
         lists_b = metadata.tile_lists(mask, random_blocks, max_random, lead, *bwd_blocks)
+    return KernelMeta(metadata.token_meta(mask, lead, n_pad), lists_f, lists_b, global_positions(mask))
+
+
+def pallas_attention(
+    q_BxNxHxD,
+    k_BxNxGxD,
+    v_BxNxGxD,
+    pattern,
+    scale: float,
+    *,
+    config: KernelConfig | None = None,
+    prepared: KernelMeta | None = None,
+):
+    """Executor `fn(q, k, v, pattern, scale, config=..., prepared=...) -> (out [B, N, H, D], lse [B, N, H] float32)`
+    for `Intervals` and `BlockLayout` (neighbour lists have no kernel: docs/kernels.md, "Decisions"); `prepared`:
+    `prepare_pallas`'s metadata for this pattern and config (None: built here)."""
+    b, n, h, d = q_BxNxHxD.shape
+    cfg, fwd_blocks, bwd_blocks, n_pad = _plan(pattern, config, d)
+    mask, random_blocks, max_random, _ = metadata.split_pattern(pattern)
+    km = prepared if prepared is not None else prepare_pallas(pattern, head_dim=d, config=config)
     caps = None
     if cfg.backend == "mosaic":
         caps = tuple(
@@ -67,10 +106,10 @@ def pallas_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, 
     q, k, v = (jnp.pad(x, pad) for x in (q_in, k_BxNxGxD, v_BxNxGxD))
     parts = pattern if cfg.backward == "xla" else None
     static = _Static(n, kernel_scale, cfg, caps)
-    out, lse = _flash(static, q, k, v, meta, lists_f, lists_b, parts)
+    out, lse = _flash(static, q, k, v, km.meta, km.lists_f, km.lists_b, parts)
     out, lse = out[:, :n, :, :d], jnp.swapaxes(lse, 1, 2)[:, :n]
     if mask.global_tokens is not None:
-        out, lse = global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse)
+        out, lse = global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale, out, lse, km.global_pos)
     return zero_empty_rows(out, lse), lse
 
 

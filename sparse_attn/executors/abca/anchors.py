@@ -78,7 +78,7 @@ def gather_roles(zones: Zones, causal: bool) -> list[jax.Array]:
     return [jnp.where(live, zones.left, -1), nxt, zones.prev_anchor]
 
 
-def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *, causal: bool):
+def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *, causal: bool, roles=None):
     """Stage 1 key-major: every key scores against the <= 3 anchors that read it; softmax per anchor by segment sums.
 
     Returns (anchor states [B, N, H, D] (0 at non-anchors), lse float32 [B, N, H] (-inf at non-anchors)). Exact
@@ -87,9 +87,9 @@ def anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, zones: Zones, scale: float, *
     keeps no per-role [B, N, H, D] residuals. Non-finite values run as 0 inside it and make the anchors that read
     them NaN: every scored pair is allowed, but the backward pass's `0 * NaN` at unused roles would spread them.
     Every pair touching a non-finite entry lies in such an anchor, whose cotangent the select drops, so the entry's
-    gradient is exactly 0.
+    gradient is exactly 0. `roles`: `gather_roles(zones, causal)` when already built (a prepared pattern).
     """
-    roles = gather_roles(zones, causal)
+    roles = list(gather_roles(zones, causal) if roles is None else roles)
     out, lse = _anchor_gather(q_BxNxHxD, k_BxNxHxD, v_BxNxHxD, jnp.stack(roles), float(scale))
     lse = jnp.where(lse == jnp.inf, -jnp.inf, lse)
     q_bad, k_bad = nonfinite_rows(q_BxNxHxD), nonfinite_rows(k_BxNxHxD) | nonfinite_rows(v_BxNxHxD)
