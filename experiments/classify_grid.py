@@ -44,10 +44,11 @@ SEED002_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfin
 SEEDS = (0, 1, 2)
 
 # The CPU grid (`--config cpu`, docs/results.md): the three task families at n = 128 and 512 (Pathfinder
-# 11x11 / 22x22 padded), the baselines and each mechanism family. Steps per n: what 2 shared cores allow.
+# 11x11 / 22x22 padded), the baselines and each mechanism family. Steps per n: what 2 shared cores allowed
+# (~2-4 min a cell at load ~20, niced, three cells at a time).
 CPU_TASKS = ("listops", "dyck", "pathfinder")
 CPU_ATTENTION = ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")
-CPU_STEPS = {128: 200, 512: 60}
+CPU_STEPS = {128: 120, 512: 40}
 
 
 def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:

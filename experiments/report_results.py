@@ -22,6 +22,7 @@ import statistics
 BEGIN = "<!-- classification:begin (python -m experiments.report_results writes this section) -->"
 END = "<!-- classification:end -->"
 TITLE = "# Results\n"
+NOTE_FILE = "classify_note.md"  # the machine, its load and the scale of the runs in results_dir
 
 # Majority-class validation accuracy (docs/tasks.md): the floor a model that learned nothing reaches.
 CHANCE = {"listops": 0.19, "dyck": 0.5, "pathfinder": 0.5, "digits": 0.1, "cifar10": 0.1}
@@ -151,14 +152,15 @@ def _fmt(v, spec):
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One entry per (task, config, n, attention), seeds pooled; the latest row of a repeated seed wins.
+    """One entry per (task, config, n, attention, steps), seeds pooled; the latest row of a repeated seed wins.
     Entries gain `delta` (points vs dense) and `peak_ratio` (vs dense) where dense ran the same cell."""
     groups = collections.defaultdict(dict)
     for row in rows:
-        groups[(row["task"], row.get("config", ""), row["n"], row["attention"])][row.get("seed")] = row
+        key = (row["task"], row.get("config", ""), row["n"], row["attention"], row.get("steps") or 0)
+        groups[key][row.get("seed")] = row
     out = []
-    for (task, config, n, attention), by_seed in sorted(
-            groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]), kv[0][2], _order(kv[0][3]))):
+    for (task, config, n, attention, _), by_seed in sorted(
+            groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]), kv[0][2], kv[0][4], _order(kv[0][3]))):
         runs = [by_seed[s] for s in sorted(by_seed, key=str)]
         accs = [r["accuracy"] for r in runs if r.get("accuracy") is not None]
         buckets = collections.defaultdict(list)
@@ -185,9 +187,9 @@ def summarize(rows: list[dict]) -> list[dict]:
             "command": runs[0].get("command", ""),
             "delta": None, "peak_ratio": None, "delta_std": None,
         })
-    dense = {(e["task"], e["config"], e["n"]): e for e in out if e["attention"] == "dense"}
+    dense = {(e["task"], e["config"], e["n"], e["steps"]): e for e in out if e["attention"] == "dense"}
     for e in out:
-        d = dense.get((e["task"], e["config"], e["n"]))
+        d = dense.get((e["task"], e["config"], e["n"], e["steps"]))
         if d is None or e["attention"] == "dense":
             continue
         if d["acc"] is not None and e["acc"] is not None:
@@ -246,21 +248,24 @@ def _pts(v):
 def separation(entries: list[dict]) -> list[str]:
     """Does dense beat local (and chance) on each (task, n)? Without that the task cannot rank mechanisms."""
     out = []
-    by = {(e["task"], e["config"], e["n"], e["attention"]): e for e in entries}
-    for (task, config, n, att), e in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    by = {(e["task"], e["config"], e["n"], e["steps"], e["attention"]): e for e in entries}
+    for (task, config, n, steps, att), e in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
         if att != "local":
             continue
-        d = by.get((task, config, n, "dense"))
+        d = by.get((task, config, n, steps, "dense"))
         if d is None or d["acc"] is None or e["acc"] is None:
             continue
         gap = -e["delta"]
-        noise = e["delta_std"] or 0.0
         chance = CHANCE.get(task)
         above = "" if chance is None else (
             f"; dense is {100 * (d['acc'] - chance):+.1f} points from chance ({chance:.2f})")
-        verdict = "separates" if gap > max(1.0, 2 * noise) else "does **not** separate"
+        if e["delta_std"] is None:  # one seed somewhere: no spread to compare the gap with
+            out.append(f"* {task} n={n} ({config}): one seed only, dense − local = {gap:+.1f} points (no spread "
+                       f"to judge it by){above}.")
+            continue
+        verdict = "separates" if gap > max(1.0, 2 * e["delta_std"]) else "does **not** separate"
         out.append(f"* {task} n={n} ({config}): dense {verdict} from local "
-                   f"(dense − local = {gap:+.1f} ± {noise:.1f} points){above}.")
+                   f"(dense − local = {gap:+.1f} ± {e['delta_std']:.1f} points, 2 σ needed){above}.")
     return out
 
 
@@ -309,6 +314,10 @@ def verdicts(entries: list[dict]) -> str:
             lines.append(f"| {name} | {_yes(h['answer'])} | {_yes(h.get('within'))}: {hd} | {_yes(h.get('pairs'))} "
                          f"| {_yes(h.get('peak'))} | {_yes(im['answer'])} | {idl} |")
         lines.append("")
+        if SEED_MECHANISM in mechanisms:
+            h, im = claim_hierarchical(entries, SEED_MECHANISM, config), claim_images(entries, SEED_MECHANISM, config)
+            lines.append(f"**Answers for seed 002's mechanism ({SEED_MECHANISM}, `{config}`): claim 1 "
+                         f"{_yes(h['answer'])}; claim 2 {_yes(im['answer'])}.**\n")
         sep = separation([e for e in entries if e["config"] == config])
         if sep:
             lines.append("Whether the tasks can tell mechanisms apart at this scale (a claim of \"within 1 point "
@@ -321,11 +330,11 @@ def verdicts(entries: list[dict]) -> str:
 def losses(entries: list[dict]) -> str:
     """Plain sentences for every cell where a mechanism loses to dense: accuracy, step memory, time per step."""
     out = []
-    by = {(e["task"], e["config"], e["n"], e["attention"]): e for e in entries}
+    by = {(e["task"], e["config"], e["n"], e["steps"], e["attention"]): e for e in entries}
     for e in entries:
         if e["attention"] == "dense":
             continue
-        d = by.get((e["task"], e["config"], e["n"], "dense"))
+        d = by.get((e["task"], e["config"], e["n"], e["steps"], "dense"))
         if d is None:
             continue
         what = []
@@ -477,11 +486,12 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--out", default=os.path.join("docs", "results.md"))
     parser.add_argument("--plots_dir", default=os.path.join("experiments", "results"))
     parser.add_argument("--note", default="", help="a paragraph under the status line (machine, load, caveats)")
-    parser.add_argument("--note_file", help="read the note from this file")
+    parser.add_argument("--note_file", help=f"read the note from this file (default: <results_dir>/{NOTE_FILE})")
     args = parser.parse_args(argv)
     note = args.note
-    if args.note_file:
-        with open(args.note_file) as f:
+    note_file = args.note_file or os.path.join(args.results_dir, NOTE_FILE)
+    if not note and os.path.exists(note_file):
+        with open(note_file) as f:
             note = f.read().strip()
     paths = render(args.results_dir, args.out, plots_dir=args.plots_dir, note=note)
     print(f"wrote {args.out} and {len(paths)} plots")

@@ -161,7 +161,8 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     assert nc[6].strip() == "**yes**"
     loc = lines["local"].split("|")
     assert loc[2].strip() == "**no**" and loc[6].strip() == "**no**"
-    assert "dense separates from local (dense − local = +10.0 ± 1.4 points)" in text
+    assert "dense separates from local (dense − local = +10.0 ± 1.4 points, 2 σ needed)" in text
+    assert "(noncrossing_defect, `cpu`): claim 1 **yes**; claim 2 **yes**." in text
     assert "pathfinder n=128 (cpu): dense does **not** separate from local" in text
     assert "* local on listops n=128 (cpu): accuracy -10.0 points; 1.20× dense's step memory." in text
     assert "* noncrossing_defect on pathfinder n=128 (cpu): accuracy -21.0 points." in text
