@@ -9,7 +9,8 @@ in `experiments/attention_names.py` (dense, local, longformer, bigbird, abca, ab
 noncrossing_defect, noncrossing_brick, noncrossing_adjacent). Pixel tasks feed one token per pixel (as LRA).
 
 Configs (each function's docstring has its command and expected result): `smoke` (CI, seconds), `small`
-(CPU, minutes), `seed` (the seed's 6 x 256 encoder; a GPU job). The workdir gets the loop's `metrics.jsonl`,
+(CPU, minutes), `cpu` (the CPU grid of docs/results.md), `seed` (the seed's 6 x 256 encoder; a GPU job:
+experiments/gpu_classify.py). Pathfinder at n = 128 / 512 is an 11x11 / 22x22 image padded to n. The workdir gets the loop's `metrics.jsonl`,
 `checkpoints/` (re-running resumes), and `result.json`: validation accuracy (per depth/distance bucket for
 ListOps/Dyck), loss, training FLOPs (experiments/classify_metrics.py), compiled train-step memory, time per
 step, tokens/s and every layer's statistics. `--results FILE` also appends the result as one JSON line (the
