@@ -1,4 +1,5 @@
-"""Label-attention acceptance benchmark (issue 7): the hard-phase attention core against dense and window attention.
+"""Label-attention acceptance benchmark (docs/labels.md): the hard-phase attention core against dense and window
+attention.
 
 Command (CPU, fp32, measured side by side in one run):
   python -m experiments.bench_labels

@@ -8,7 +8,7 @@ projected q, k, v [B, N, 4, 64]: router pair scores, T defect-pair layers of TL 
 [self, top partner, bottom partner] with creator gates, and attention over them. The layer's shared Q/K/V/O
 projections are excluded. Forward+backward differentiates w.r.t. x, q, k, v and the router's parameters. Dense is
 `jax.nn.dot_product_attention` on the same q, k, v (skipped above --dense-max-n: its N x N logits). Acceptance
-(issue 6): fwd+bwd speedup >= 20x at n=4096, and routing time(16384) <= 5 x time(4096).
+(docs/noncrossing.md): fwd+bwd speedup >= 20x at n=4096, and routing time(16384) <= 5 x time(4096).
 """
 
 from __future__ import annotations

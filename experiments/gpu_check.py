@@ -1,4 +1,4 @@
-"""GPU check of the Pallas kernels (issue 3): correctness on the device, then bf16 timings against cuDNN.
+"""GPU check of the Pallas kernels (docs/kernels.md): correctness on the device, then bf16 timings against cuDNN.
 
 Command (one H200, budgeted to finish in < 8 min; the budget skips, and records, whatever does not fit):
     .venv/bin/python -m experiments.gpu_check                 # writes experiments/results/gpu_check.{json,md}
@@ -11,7 +11,7 @@ causal, causal window (radius 256), ABCA (anchors every 256) and label (window 1
 patterns, and the whole causal ABCA core (gather, handshake, zones) through its "packed" and "pallas"
 implementations. TFLOP/s counts useful work only: 4*D flops per allowed (query, key) pair forward, 2.5x that
 backward (for the ABCA core: the stage 1+3 pairs of `abca256`; the handshake's few pairs are not counted).
-Acceptance (issue 3): at 16k, ours reaches >= 0.5 of cuDNN dense's rate per computed pair.
+Acceptance (docs/kernels.md): at 16k, ours reaches >= 0.5 of cuDNN dense's rate per computed pair.
 """
 
 from __future__ import annotations

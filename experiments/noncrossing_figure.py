@@ -4,10 +4,11 @@ Command (CPU, ~1 min):
   python -m experiments.noncrossing_figure
 
 The defect-pair router (T=4 layers, one head) reads token embeddings of '(' and ')'. It is fitted by the supervised
-warm start of math_spec §A4.5: at layer t, BCE on whether each adjacent-defect pair closes a bracket of height t
-(teacher-forced on the exact layered construction of §A4.3). Then the *router itself* (local-max selection, no
-teacher) builds the diagram of a held-out sequence; the script checks that its top caps are the bracket matching
-and draws the diagram and the key rows [self, top partner, bottom partner] as an attention mask.
+warm start (docs/noncrossing.md): at layer t, BCE on whether each adjacent-defect pair closes a bracket of height t
+(teacher-forced on the exact layered construction, docs/noncrossing.md "Diagram algebra"). Then the *router
+itself* (local-max selection, no teacher) builds the diagram of a held-out sequence; the script checks that its top
+caps are the bracket matching and draws the diagram and the key rows [self, top partner, bottom partner] as an
+attention mask.
 """
 
 from __future__ import annotations

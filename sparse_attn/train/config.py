@@ -37,7 +37,7 @@ class TrainConfig:
     # Evaluation and reporting.
     eval_every: int = 200
     eval_batches: int = 8
-    # Host sync period: the CPU runtime deadlocks with too many steps in flight (PLATFORM.md).
+    # Host sync period: the CPU runtime deadlocks with too many steps in flight (seen on jax 0.10, CPU).
     sync_every: int = 8
     progress: bool = True
     tensorboard: bool = False

@@ -14,7 +14,7 @@ BATCH_AXES = (DATA, FSDP)  # the batch is split over both axes; FSDP also shards
 
 
 def make_mesh(config: TrainConfig) -> jax.sharding.Mesh:
-    """A 2-D mesh with Auto axes (pjit-style propagation; PLATFORM.md: make_mesh defaults to Explicit)."""
+    """A 2-D mesh with Auto axes (pjit-style propagation; jax.make_mesh defaults to Explicit axes)."""
     devices = jax.devices()
     if config.num_devices is not None:
         if config.num_devices > len(devices):

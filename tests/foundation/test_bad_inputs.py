@@ -1,4 +1,4 @@
-"""Bad input fails early with a ValueError naming the argument, its value and what is allowed (issue 17, item 7).
+"""Bad input fails early with a ValueError naming the argument, its value and what is allowed.
 
 Nothing here compiles an executor except the empty-batch test, which runs each implementation once at tiny size.
 """

@@ -1,4 +1,4 @@
-"""ABCA boundary-handshake patterns over anchors (SPEC §1, stage 2), as neighbour lists in position space.
+"""ABCA boundary-handshake patterns over anchors (docs/abca.md, stage 2), as neighbour lists in position space.
 
 chain:  anchor a_j attends {a_{j-1}, a_j, a_{j+1}}   [causal: {a_{j-1}, a_j}]   (K = 3)
 global: anchor a_j attends every anchor              [causal: a_0..a_j]         (K = max_anchors, static)

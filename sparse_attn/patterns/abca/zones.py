@@ -1,4 +1,4 @@
-"""ABCA zones (SPEC §1): left/right anchor of each position, zone ids, the anchor chain, zone statistics."""
+"""ABCA zones (docs/abca.md): left/right anchor of each position, zone ids, the anchor chain, zone statistics."""
 
 from __future__ import annotations
 

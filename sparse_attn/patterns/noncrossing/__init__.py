@@ -1,4 +1,4 @@
-"""Temperley–Lieb diagrams, rewriting and normal forms for non-crossing routing attention (math_spec part A).
+"""Temperley–Lieb diagrams, rewriting and normal forms for non-crossing routing attention (docs/noncrossing.md).
 
 Files: ``diagram_np`` (host oracle), ``diagram_jax`` (jit/vmap kernels: scan, pointer jumping), ``rewriting`` (seed
 rules, mirror rule, complete system A–D), ``normal_form`` (diagram -> Jones NF in O(n²)), ``layered`` (layered

@@ -1,4 +1,5 @@
-"""The defect-pair construction (math_spec §A4.3) in JAX: close chosen pairs of adjacent unmatched strands.
+"""The defect-pair construction in JAX: close chosen pairs of adjacent unmatched strands (docs/noncrossing.md,
+"Diagram algebra").
 
 At each layer the defects (top points on through-strands) d_1 < … < d_p are scored pairwise, a non-adjacent set of
 pairs is chosen by the local-max rule, and each chosen pair (d_j, d_{j+1}) is realised by TL generators: e_x at the

@@ -81,8 +81,8 @@ def apply_layer(
 ):
     """``D · Π_{i ∈ S} e_i`` for an independent set S (no two adjacent generators) by pointer jumping.
 
-    O(n log n) work at O(log n) depth (math_spec §A2.3). The layer is assumed independent (the routers guarantee
-    it; ``local_max`` selections always are).
+    O(n log n) work at O(log n) depth (docs/noncrossing.md, "Diagram algebra"). The layer is assumed
+    independent (the routers guarantee it; ``local_max`` selections always are).
 
     Args:
       p_2N: int32[2n] diagram.

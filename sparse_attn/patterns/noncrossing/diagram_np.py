@@ -2,7 +2,8 @@
 
 A diagram on n strands is a partner array ``p_2N`` (int): top point ``a`` has index ``a``, bottom point ``b`` has
 index ``n + b``, and ``p[x]`` is the partner of ``x``. ``D1 · D2`` puts D1 on top of D2; the word
-``(i_1, …, i_T)`` is ``e_{i_1} · … · e_{i_T}`` (math_spec §0). Closed loops are counted, never stored.
+``(i_1, …, i_T)`` is ``e_{i_1} · … · e_{i_T}`` (docs/noncrossing.md, "Diagram algebra"). Closed loops are counted,
+never stored.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def rmul_gen(p_2N: np.ndarray, i: int, creator_2N: np.ndarray | None = None, gen
     """In place ``D <- D · e_i`` in O(1); returns the number of closed loops formed (0 or 1).
 
     If ``creator_2N`` is given, the arcs this generator creates (the joined arc and the new bottom cup) record
-    ``gen_id`` in it (math_spec §A4.5).
+    ``gen_id`` in it (the creator gate, docs/noncrossing.md).
     """
     n = p_2N.shape[0] // 2
     x, y = n + i, n + i + 1
@@ -90,7 +91,7 @@ def word_to_diagram(word, n: int) -> tuple[np.ndarray, int]:
 
 
 def compose(p1_2N: np.ndarray, p2_2N: np.ndarray) -> tuple[np.ndarray, int]:
-    """``D1 · D2`` in O(n) and the number of closed loops formed in the glued middle row (math_spec §A2.2)."""
+    """``D1 · D2`` in O(n) and the number of closed loops formed in the glued middle row."""
     n = p1_2N.shape[0] // 2
     if p2_2N.shape != p1_2N.shape:
         raise ValueError(f"diagrams differ in size: {p1_2N.shape} vs {p2_2N.shape}")
@@ -200,7 +201,7 @@ def rank(p_2N: np.ndarray) -> int:
 
 
 def _matchings(points: Sequence[int]) -> Iterator[list[tuple[int, int]]]:
-    """Non-crossing perfect matchings of points listed in cyclic order (math_spec §A2.5)."""
+    """Non-crossing perfect matchings of points listed in cyclic order (docs/noncrossing.md, "Diagram algebra")."""
     if not points:
         yield []
         return

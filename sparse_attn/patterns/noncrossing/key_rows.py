@@ -1,4 +1,5 @@
-"""Key rows of a diagram (math_spec §A3.2): per query a fixed-width row of key tokens, duplicates masked.
+"""Key rows of a diagram: per query a fixed-width row of key tokens, duplicates masked (docs/noncrossing.md,
+"Diagram algebra").
 
 Each row also names the diagram point whose arc a slot follows (``src``; -1 for self), so a per-point creator gate
 (``defect_pairs.creator_gate``) becomes the slot's logit bias.

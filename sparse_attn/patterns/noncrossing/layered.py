@@ -1,4 +1,5 @@
-"""Host constructions of nested structure: layered words from target caps (§A4.3), TL_{2n} doubling (§A3.3 item 5).
+"""Host constructions of nested structure: layered words from target caps, TL_{2n} doubling
+(docs/noncrossing.md, "Diagram algebra").
 
 Oracles for the jax routers and helpers for docs and tests; not on the model's hot path.
 """

@@ -1,4 +1,5 @@
-"""Jones normal form: read the canonical word off a diagram in O(n²) (math_spec §A1.2, §A1.4).
+"""Jones normal form: read the canonical word off a diagram in O(n²) (docs/noncrossing.md,
+"Diagram algebra").
 
 The NF is a product of decreasing runs ``(e_{j_1} … e_{k_1}) … (e_{j_r} … e_{k_r})`` with both the heads ``j_s``
 and the tails ``k_s`` strictly increasing. It is the shortlex-minimal word of its diagram.

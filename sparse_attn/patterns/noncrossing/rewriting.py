@@ -1,4 +1,5 @@
-"""String rewriting on TL words: the seed's rules, the mirror rule, and the complete system A–D (math_spec §A1.3).
+"""String rewriting on TL words: the seed's rules, the mirror rule, and the complete system A–D
+(docs/noncrossing.md, "Diagram algebra").
 
 A rewriting system is a dict ``lhs -> rhs`` of tuples of generator indices for a fixed n. Rewriting is a test
 oracle only; the hot path composes diagrams and reads the normal form off them (normal_form.py).

@@ -1,4 +1,4 @@
-"""Choosing a non-crossing layer from scores (math_spec §A4.4), in JAX.
+"""Choosing a non-crossing layer from scores (docs/noncrossing.md, "Diagram algebra"), in JAX.
 
 A layer is "non-crossing" when its pairs are pairwise non-adjacent (an independent set on a path): then its
 generators commute and the layer can be applied in one parallel step.
