@@ -7,10 +7,13 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments import classify_grid, gpu_classify, report_results
+from experiments.classify import make_task
 from experiments.classify_grid import Cell
+from sparse_attn.data.tasks import Pathfinder
 
 QUIET = dict(log=lambda m: None)
 
@@ -219,3 +222,16 @@ def test_gpu_cell_subprocess_is_stopped_at_its_limit(tmp_path):
         run=lambda argv, t: gpu_classify.run_subprocess(argv, t, grace_s=5), **QUIET)
     assert records[0]["status"] == "timed out (rerun to resume)" and records[0]["limit_s"] <= 2.0
     assert records[0]["seconds"] < 10 and not (tmp_path / "dyck.jsonl").exists()
+
+
+def test_padded_pathfinder_is_pathfinder_plus_padding():
+    task = make_task("pathfinder", 128, num_train=8, num_validation=4)
+    assert (task.size, task.seq_len, task.pad_to) == (11, 128, 128)
+    ex = task.example(np.random.default_rng(5))
+    plain = Pathfinder(size=11).example(np.random.default_rng(5))
+    assert ex["inputs"].shape == (128,) and ex["valid_len"] == 121 and not ex["inputs"][121:].any()
+    assert (ex["inputs"][:121] == plain["inputs"]).all() and ex["label"] == plain["label"]
+    assert task.source("validation")[3]["inputs"].shape == (128,)
+    assert make_task("pathfinder", 512, num_train=8, num_validation=4).size == 22
+    with pytest.raises(ValueError, match="size\\*\\*2"):
+        make_task("pathfinder", 1000, num_train=8, num_validation=4)
