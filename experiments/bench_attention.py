@@ -24,6 +24,7 @@ import numpy as np
 import sparse_attn
 from experiments import benchlib
 from sparse_attn import patterns
+from sparse_attn.patterns.abca import ZonePattern
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _abca(spec: Spec, random_zones: bool = False):
     zones = abca.compute_zones(abca.enforce_zone_cap(mask, None, cap)[0])
     ws = [jax.random.normal(k, (spec.heads, spec.head_dim, spec.head_dim)) / 8 for k in jax.random.split(spec.key, 3)]
     proj = AnchorProjections(*ws, rope_base=1e4)
-    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=cap)[0]
+    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=cap, implementation=spec.impl)[0]
     return fn, qkv(spec), abca.layer_intervals(zones, causal=False, max_zone=cap)
 
 
@@ -99,11 +100,20 @@ METHODS: dict[str, Callable[[Spec], tuple]] = {
 }
 
 
+def _impls(method: str, args) -> list[str]:
+    """What a method runs under: dense is jax.nn's; ABCA runs its own default executor (ZonePattern's "packed")."""
+    if method == "dense":
+        return ["xla"]
+    if method in ("abca", "abca_random"):
+        return [sparse_attn.default_implementation(pattern_type=ZonePattern)]
+    return args.impls
+
+
 def run(args) -> list[benchlib.Row]:
     rows = []
     for n in args.n:
         for method in ["dense"] + [m for m in args.methods if m != "dense"]:
-            impls = ["xla"] if method in ("dense", "abca", "abca_random") else args.impls
+            impls = _impls(method, args)
             for impl in impls:
                 if impl == "reference" and n > 4096:
                     continue  # the oracle is O(n^2) memory by design

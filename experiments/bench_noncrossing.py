@@ -74,7 +74,7 @@ def run(args) -> list[benchlib.Row]:
             pairs = args.batch * args.heads * (n + st["arcs"])  # self slots + mean non-self slots per (batch, head)
             rows.append(
                 benchlib.measure(
-                    f"routing_{router}",
+                    f"noncrossing_{router}",
                     "xla",
                     n,
                     fn,
@@ -121,10 +121,10 @@ def main(argv=None):
     by = {(r.method, r.n): r for r in rows}
     lines = []
     for router in args.routers:
-        ns = sorted(r.n for r in rows if r.method == f"routing_{router}")
+        ns = sorted(r.n for r in rows if r.method == f"noncrossing_{router}")
         if len(ns) >= 2:
-            ratio = by[(f"routing_{router}", ns[-1])].fwd_bwd_s / by[(f"routing_{router}", ns[0])].fwd_bwd_s
-            lines.append(f"routing_{router}: fwd+bwd time({ns[-1]}) / time({ns[0]}) = {ratio:.2f}")
+            ratio = by[(f"noncrossing_{router}", ns[-1])].fwd_bwd_s / by[(f"noncrossing_{router}", ns[0])].fwd_bwd_s
+            lines.append(f"noncrossing_{router}: fwd+bwd time({ns[-1]}) / time({ns[0]}) = {ratio:.2f}")
     summary = "\n".join(lines)
     print(table + "\n" + summary)
     base = os.path.join(args.out_dir, args.tag)
