@@ -1,0 +1,106 @@
+"""LM at equal budgets: budget matching checked on dense masks of random inputs, one smoke cell, the grid's logic."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import lm_budget, lm_grid
+from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LabelAttentionConfig
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.pattern import LabelPattern
+
+N, TARGET = 64, 12.0
+COMPARED = ("local", "longformer", "bigbird", "labels", "abca", "abca_hs2", "abca_fixed", "abca_learned")
+
+
+def text_with_lines(batch: int, n: int, seed: int = 0) -> np.ndarray:
+    """Random bytes with a newline after every 5-40 bytes."""
+    rng = np.random.default_rng(seed)
+    out = rng.integers(32, 127, size=(batch, n))
+    for row in out:
+        pos = np.cumsum(rng.integers(5, 41, size=n))
+        row[pos[pos < n]] = lm_budget.NEWLINE
+    return out.astype(np.int32)
+
+
+def dense_mask_keys(att, tokens) -> float:
+    """Keys per query from the dense oracle mask of the layer's pattern on these inputs (random labels for labels)."""
+    b = tokens.shape[0]
+    if isinstance(att, LabelAttentionConfig):  # independent uniform k-of-d labels per token, as the convention
+        rng = np.random.default_rng(1)
+        labels = np.stack([[rng.choice(att.num_labels, att.top_k, replace=False) for _ in range(N)] for _ in range(b)])
+        base = BaseGraph(radius=att.radius, landmark_every=att.landmark_every, causal=True)
+        mask = LabelPattern.from_labels(jnp.asarray(labels)[:, None], att.num_labels, base=base).to_dense()
+        return float(jnp.sum(mask)) / (b * N)
+    if isinstance(att, AnchorAttentionConfig):
+        valid = jnp.full((b,), N, jnp.int32)
+        raw = {"explicit": jnp.asarray(tokens) == att.anchor_id, "fixed": abca.fixed_interval_anchors(b, N, att.interval),
+               "learned": jnp.zeros((b, N), bool)}[att.placement]
+        zones = abca.compute_zones(abca.enforce_zone_cap(raw, valid, att.max_zone)[0], valid)
+        layer = abca.ZonePattern(zones, causal=True, max_zone=att.max_zone).to_dense()
+        handshake = abca.chain_handshake(zones, causal=True).to_dense()
+        return float(jnp.sum(layer) + att.handshake_steps * jnp.sum(handshake)) / (b * N)
+    mask = att.pattern(N, AttentionContext(valid_len=jnp.full((1,), N, jnp.int32), causal=True)).to_dense()
+    return float(jnp.sum(mask)) / N
+
+
+def test_matched_budgets_agree_within_ten_percent_on_dense_masks():
+    tokens = text_with_lines(16, N)
+    measured = {}
+    for name in COMPARED:
+        att = lm_budget.attention_for_budget(name, n=N, keys_per_query_target=TARGET, tokens_BxN=tokens)
+        measured[name] = dense_mask_keys(att, tokens)
+    lo, hi = min(measured.values()), max(measured.values())
+    assert hi <= 1.1 * lo, measured
+    assert all(abs(k - TARGET) <= 0.1 * TARGET for k in measured.values()), measured
+    assert isinstance(lm_budget.attention_for_budget("dense", n=N, keys_per_query_target=TARGET),
+                      type(lm_grid.lm.DenseAttention()))
+
+
+def test_unreachable_budget_is_refused_naming_the_variant():
+    # d = 8, k = 1: at most 1 + 31.5 / 8 keys per query at n = 64 even with the whole causal window.
+    with pytest.raises(ValueError, match="labels_d8k1: no radius gives 20"):
+        lm_budget.attention_for_budget("labels_d8k1", n=N, keys_per_query_target=20)
+    with pytest.raises(ValueError, match="tokens"):
+        lm_budget.attention_for_budget("abca", n=N, keys_per_query_target=TARGET)
+    with pytest.raises(ValueError, match="unknown variant"):
+        lm_budget.attention_for_budget("flash", n=N, keys_per_query_target=TARGET)
+
+
+def test_smoke_cell_writes_a_row_with_gap_to_dense(tmp_path):
+    results = tmp_path / "lm.jsonl"
+    fake_dense = {"kind": "lm", "config": "smoke", "n": N, "variant": "dense", "budget_keys_per_query": TARGET,
+                  "seed": 0, "valid_bits_per_byte": 4.0}
+    results.write_text(json.dumps(fake_dense) + "\n")
+    cell = lm_grid.Cell(N, "local", TARGET, 0)  # the cheapest compile; ABCA and labels differ only in config
+    row = lm_grid.run_cell("smoke", cell, workdir=str(tmp_path / "run"), results=str(results), command="cmd",
+                           log=lambda *_: None)
+    assert row["steps"] == 4 and np.isfinite(row["valid_bits_per_byte"])
+    assert row["gap_to_dense_pct"] == pytest.approx(100 * (row["valid_bits_per_byte"] / 4.0 - 1))
+    layer = row["layers"][0]
+    assert layer["keys_measured"] and layer["keys_per_query"] == pytest.approx(row["planned_keys_per_query"])
+    assert row["stats_curve"][-1]["step"] == 4 and row["attention"] == {"type": "LocalAttention", "radius": 12}
+    assert row["memory_mib"]["peak_mib"] > 0 and row["tokens_per_s"] > 0 and row["command"] == "cmd"
+    assert row["commit"] and json.loads(results.read_text().splitlines()[-1])["variant"] == "local"
+    assert f"| smoke | 64 | local | 12, 11.8 | 1 | {row['valid_bits_per_byte']:.4f} |" in lm_grid.report(
+        lm_grid.read_rows(str(results)))
+
+
+def test_grid_runs_dense_first_and_skips_finished_cells(tmp_path):
+    results = tmp_path / "lm.jsonl"
+    done = lm_grid.Cell(256, "local", 24.0, 0)
+    results.write_text(json.dumps({"config": "cpu", "n": 256, "variant": "local", "budget_keys_per_query": 24.0,
+                                   "seed": 0}) + "\n")
+    calls = []
+    status = lm_grid.run_grid(lm_grid.GRIDS["cpu_core"], config="cpu", results=str(results),
+                              runs_dir=str(tmp_path), time_limit_s=1, run=lambda argv, t: calls.append(argv) or 124,
+                              log=lambda *_: None)
+    assert status[done] == "done before"
+    variants = [a[a.index("--variant") + 1] for a in calls]
+    assert variants == ["dense", "labels", "abca"]
+    assert all(s.startswith("timed out") for c, s in status.items() if c != done)
+    assert jax.default_backend()  # the grid itself imports no accelerator-only code
