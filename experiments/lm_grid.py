@@ -221,10 +221,10 @@ def dense_row(path: str, config: str, cell: Cell) -> dict | None:
 
 # ---------------------------------------------------------------------------------------------- grid
 
-def run_subprocess(argv: list[str], timeout_s: float) -> int:
-    """`python -m experiments.lm_grid argv`; past `timeout_s` SIGTERM (the loop saves and exits), SIGKILL 120 s
-    later. Returns the exit status, 124 on a timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.lm_grid", *argv])
+def run_subprocess(argv: list[str], timeout_s: float, module: str = "experiments.lm_grid") -> int:
+    """`python -m module argv`; past `timeout_s` SIGTERM (the loop saves and exits), SIGKILL 120 s later.
+    Returns the exit status, 124 on a timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

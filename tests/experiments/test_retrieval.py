@@ -1,0 +1,68 @@
+"""Retrieval runner: the evaluation's accuracy by distance against a hand count, one smoke run, refusals, grid."""
+
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import lm_grid, retrieval
+from sparse_attn.data.tasks import AssociativeRecall, eval_batches
+
+N = 64
+
+
+class OracleModel:
+    """Logits that answer right wherever `right[b, t]` is set (else predict token 0): a stand-in for a trained LM."""
+
+    def __init__(self, right_BxN, targets_BxN, vocab):
+        self.logits = jax.nn.one_hot(jnp.where(right_BxN, targets_BxN, 0), vocab) * 10.0
+
+    def __call__(self, inputs, step=0):
+        return types.SimpleNamespace(logits=self.logits, stats={"layer0/keys_per_query": jnp.float32(7.0)})
+
+
+def test_eval_counts_match_a_hand_count_by_distance():
+    task = AssociativeRecall(seq_len=N, num_pairs=6, num_queries=4, num_keys=8, num_values=8, num_validation=6)
+    (batch,) = list(eval_batches(task.source("validation"), global_batch=8))  # 6 real rows + 2 filler rows
+    rng = np.random.default_rng(0)
+    right = rng.random(batch["targets"].shape) < 0.5
+    sums = retrieval.make_eval_fn(N)(OracleModel(right, batch["targets"], task.vocab_size), batch, jnp.int32(3))
+    edges = retrieval.distance_edges(N)
+    real = batch["weight"] == 1
+    hits = np.take_along_axis(right, batch["answer_pos"], axis=1)[real]
+    dist = batch["distance"][real]
+    assert float(sums["count"]) == hits.size and float(sums["correct"]) == hits.sum()
+    assert float(sums["seq_correct"]) == hits.all(axis=1).sum() and float(sums["seq_count"]) == 6
+    for label, lo, hi in zip(retrieval.bucket_labels(edges), edges[:-1], edges[1:]):
+        inside = (dist >= lo) & (dist < hi)
+        assert float(sums[f"count/{label}"]) == inside.sum()
+        assert float(sums[f"correct/{label}"]) == (hits & inside).sum()
+    assert float(sums["full"]) == 0.0  # a batch with filler rows carries no attention statistics
+    assert edges == (1, 4, 8, 16, 32, 65)
+
+
+def test_smoke_run_writes_a_row(tmp_path):
+    results = tmp_path / "retrieval.jsonl"
+    row = retrieval.run("passkey", "smoke", lm_grid.Cell(N * 2, "local", 12, 0), workdir=str(tmp_path / "run"),
+                        results=str(results), command="cmd", log=lambda *_: None)
+    assert row["steps"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["valid_loss"])
+    fractions = [b["fraction"] for b in row["accuracy_by_distance"].values()]
+    assert sum(fractions) == pytest.approx(1.0)
+    assert row["keys_per_query"][0] == pytest.approx(row["planned_keys_per_query"])
+    assert row["task_config"]["seq_len"] == 128 and row["memory_mib"]["peak_mib"] > 0
+    assert json.loads(results.read_text())["command"] == "cmd"
+
+
+def test_refusals_and_grid(tmp_path):
+    with pytest.raises(ValueError, match="no anchor token"):
+        retrieval.run("recall", "smoke", lm_grid.Cell(N, "abca", 12, 0), workdir=str(tmp_path), results=None)
+    with pytest.raises(ValueError, match="unknown task"):
+        retrieval.make_task("copy", N, retrieval.SETUPS["smoke"])
+    calls = []
+    status = retrieval.run_grid(retrieval.GRIDS["smoke"], config="smoke", results=str(tmp_path / "r.jsonl"),
+                                runs_dir=str(tmp_path), time_limit_s=1,
+                                run_cmd=lambda argv, t, module: calls.append((module, argv)) or 0, log=lambda *_: None)
+    assert [c[0] for c in calls] == ["experiments.retrieval"] * 2 and set(status.values()) == {"finished"}
