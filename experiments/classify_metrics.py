@@ -29,10 +29,6 @@ import optax
 from sparse_attn import patterns
 from sparse_attn.modules import AttentionContext
 
-# Evaluate as after every schedule has finished (labels: hard phase, final temperature).
-EVAL_STEP = 2**30
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Buckets:
     """Accuracy per bucket of an int field: bucket i holds `edges[i] <= field < edges[i+1]`."""
@@ -89,12 +85,13 @@ def classification_loss(model, batch: dict, step):
 
 
 def make_eval_fn(model_config, n: int, buckets: Buckets | None):
-    """`eval_fn(model, batch) -> sums` for the loop; `summarize` turns their batch means into metrics."""
+    """`eval_fn(model, batch, step) -> sums` for the loop, at the train state's step; `summarize` turns their
+    batch means into metrics."""
     layers = model_config.layer_attention()
     heads, head_dim = model_config.num_heads, model_config.model_dim // model_config.num_heads
 
-    def eval_fn(model, batch: dict) -> dict:
-        out = model(batch["inputs"], valid_len=batch["valid_len"], step=EVAL_STEP)
+    def eval_fn(model, batch: dict, step) -> dict:
+        out = model(batch["inputs"], valid_len=batch["valid_len"], step=step)
         logits = out.logits.astype(jnp.float32)
         w = batch["weight"].astype(jnp.float32)
         correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32) * w

@@ -139,8 +139,9 @@ def loss_fn(model: TransformerLM, batch: dict, step: jax.Array):
     return nll + out.aux_loss, metrics
 
 
-def eval_fn(model: TransformerLM, batch: dict) -> dict:
-    out = model(batch["inputs"])
+def eval_fn(model: TransformerLM, batch: dict, step: jax.Array) -> dict:
+    """Validation metrics at the train state's `step`: step-scheduled layers (label attention) run their phase."""
+    out = model(batch["inputs"], step=step)
     nll = optax.softmax_cross_entropy_with_integer_labels(out.logits.astype(jnp.float32), batch["targets"]).mean()
     return {"nll": nll, "bits_per_byte": nll / LN2}
 

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -42,6 +43,24 @@ def _first_batch(eval_batches: Callable[[], Iterable[dict]]) -> dict:
     raise ValueError("eval_batches() yielded no batch")
 
 
+def _fitted(make_model: state_lib.ModelFactory, num_steps: int, info: Callable[[str], None]):
+    """`make_model` whose step-scheduled submodules are scaled to the run (`fit_schedule`); notes said once."""
+    said: set[str] = set()
+
+    def make(rngs):
+        model = make_model(rngs)
+        for path, module in nnx.iter_modules(model):
+            fit = getattr(module, "fit_schedule", None)
+            for note in fit(num_steps) if callable(fit) else ():
+                msg = f"{'/'.join(map(str, path)) or type(module).__name__}: {note}"
+                if msg not in said:
+                    said.add(msg)
+                    info(f"warning: {msg}")
+        return model
+
+    return make
+
+
 def _schedule_change(stored: dict, config: TrainConfig, step: int) -> str:
     """The learning rate at the resume step under the stored and the current schedule."""
     old = TrainConfig(**{k: v for k, v in stored["train"].items() if k != "_type"})
@@ -67,9 +86,12 @@ def train_and_evaluate(
     """Train to `config.num_steps` (resuming from `workdir` if it holds a checkpoint).
 
     Args:
-      make_model: `rngs -> nnx.Module`; called abstractly once and inside the jitted init.
+      make_model: `rngs -> nnx.Module`; called abstractly once and inside the jitted init. Submodules with a
+        `fit_schedule(num_steps) -> notes` method (label attention) are scaled to `config.num_steps` here; the
+        notes (phases the run cuts short) are logged once, as warnings.
       loss_fn: `(model, batch, step) -> (loss, metrics)`.
-      eval_fn: `(model, batch) -> metrics`; averaged over the (equal-sized) eval batches.
+      eval_fn: `(model, batch, step) -> metrics` with the state's step; averaged over the (equal-sized) eval
+        batches.
       train_iter: yields this process's rows of each global batch; resumable.
       eval_batches: a fresh iterable of this process's rows of each eval batch.
       tokens_per_batch: for tokens/s (default `global_batch * seq_len`).
@@ -96,6 +118,7 @@ def train_and_evaluate(
     info(f"devices: {reporting.device_summary(mesh)}")
 
     # ------------------------------------------------------------------ model and optimizer (abstract)
+    make_model = _fitted(make_model, config.num_steps, info)
     tx = state_lib.make_optimizer(config)
     lr_schedule = state_lib.learning_rate_schedule(config)
     graphdef = state_lib.graphdef_of(make_model)
@@ -112,14 +135,14 @@ def train_and_evaluate(
     )
     eval_step = jax.jit(
         step_lib.make_eval_step(graphdef, eval_fn),
-        in_shardings=(shardings.params, shardings.rest, batch_sharding),
+        in_shardings=(shardings.params, shardings.rest, replicated, batch_sharding),
         out_shardings=replicated,
     )
 
     def evaluate(state) -> dict:
         sums, n = None, 0
         for i, local in enumerate(eval_batches()):
-            m = eval_step(state.params, state.rest, mesh_lib.shard_batch(local, mesh))
+            m = eval_step(state.params, state.rest, state.step, mesh_lib.shard_batch(local, mesh))
             sums = m if sums is None else jax.tree.map(lambda a, b: a + b, sums, m)
             n += 1
             if (i + 1) % config.sync_every == 0:

@@ -1,8 +1,9 @@
 """Pure train and eval steps: the model is `nnx.merge`d inside jit from the split state.
 
-`loss_fn(model, batch, step) -> (loss, metrics)` and `eval_fn(model, batch) -> metrics`
-are supplied by the experiment; `loss` already includes the attention modules' weighted
-auxiliary losses (the models collect them).
+`loss_fn(model, batch, step) -> (loss, metrics)` and `eval_fn(model, batch, step) -> metrics`
+are supplied by the experiment; both get the train state's step, so a model whose behaviour follows the step
+(label attention's phases) is evaluated in the phase it trains in (docs/labels.md); `loss` already
+includes the attention modules' weighted auxiliary losses (the models collect them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from flax import nnx
 from sparse_attn.train.state import TrainState
 
 LossFn = Callable[[nnx.Module, dict, jax.Array], tuple[jax.Array, dict]]
-EvalFn = Callable[[nnx.Module, dict], dict]
+EvalFn = Callable[[nnx.Module, dict, jax.Array], dict]
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, loss_fn: LossFn,
@@ -49,11 +50,14 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, lo
 
 
 def make_eval_step(graphdef: nnx.GraphDef, eval_fn: EvalFn):
-    """`eval_step(params, rest, batch) -> metrics` with the model in eval mode (not yet jitted)."""
+    """`eval_step(params, rest, step, batch) -> metrics` with the model in eval mode (not yet jitted).
 
-    def eval_step(params: nnx.State, rest: nnx.State, batch: dict) -> dict:
+    `step`: the train state's step (the number of updates applied), passed on to `eval_fn`.
+    """
+
+    def eval_step(params: nnx.State, rest: nnx.State, step: jax.Array, batch: dict) -> dict:
         model = nnx.merge(graphdef, params, rest)
         model.eval()
-        return {k: jnp.asarray(v, jnp.float32) for k, v in eval_fn(model, batch).items()}
+        return {k: jnp.asarray(v, jnp.float32) for k, v in eval_fn(model, batch, step).items()}
 
     return eval_step

@@ -1,4 +1,4 @@
-"""Independent numpy oracles for label attention (SPEC §2 definitions, float64), shared by the tests."""
+"""Independent numpy oracles for label attention (docs/labels.md definitions, float64), shared by the tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 
 def base_graph(n: int, radius: int, landmark_every: int, causal: bool, valid_len: int | None = None) -> np.ndarray:
-    """bool[N, N]: E(H) ∪ self from the SPEC §2 wording, written from scratch."""
+    """bool[N, N]: E(H) ∪ self from the docs/labels.md wording, written from scratch."""
     vl = n if valid_len is None else valid_len
     h = np.zeros((n, n), bool)
     for u in range(vl):

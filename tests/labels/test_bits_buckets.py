@@ -1,4 +1,4 @@
-"""math_spec §B8.3-§B8.5 and SPEC §2's allowed sets: bitmasks, buckets, candidates, P_share, the dense oracle."""
+"""The allowed sets of docs/labels.md: bitmasks, buckets, candidates, P_share, the dense oracle."""
 
 import math
 

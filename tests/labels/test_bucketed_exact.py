@@ -1,5 +1,5 @@
 """The hard phase is exact for any router: collapsed and skewed labels overflow the planned reach, and the wider
-band tiers give the dense reference's outputs, lse and gradients (before issue 11 part 6: max error ~0.66)."""
+band tiers give the dense reference's outputs, lse and gradients (before exact tiers: max error ~0.66)."""
 
 import jax
 import jax.numpy as jnp

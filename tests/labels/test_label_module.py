@@ -1,4 +1,5 @@
-"""LabelAttention (NNX): phases follow the step, router gradients, causality through gradients, losses, stats."""
+"""LabelAttention (NNX): phases follow the step, router gradients, causality through gradients, the ramp's smooth
+transition, the schedule scaled to the run, losses, stats."""
 
 import jax
 import jax.numpy as jnp
@@ -12,12 +13,15 @@ from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import LabelAttentionConfig
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import losses
-from sparse_attn.patterns.labels.stats import label_stats
+from sparse_attn.modules.labels import label_stats
+from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS
+from sparse_attn.patterns.labels import schedule
 
 N, DM, HEADS = 32, 16, 2
+# 40 steps: soft 0-9, ramp 10-19, straight-through 20-29, hard from 30.
 CFG = LabelAttentionConfig(
-    num_labels=6, top_k=2, radius=5, landmark_every=8, router_hidden=8, soft_steps=10, straight_through_steps=10,
-    anneal_steps=10, block=8, soft_block=8, z_loss_weight=1e-3, rope_base=None,
+    num_labels=6, top_k=2, radius=5, landmark_every=8, router_hidden=8, num_steps=40, soft_frac=0.25, ramp_frac=0.25,
+    straight_through_frac=0.25, anneal_frac=0.25, block=8, soft_block=8, z_loss_weight=1e-3, rope_base=None,
 )  # fmt: skip
 
 
@@ -44,7 +48,7 @@ def test_phases_router_gradients_and_causality(causal):
     module = CFG.make(DM, HEADS, rngs=nnx.Rngs(0))
     x = _x()
     ys = {}
-    for name, step in (("soft", 0), ("straight_through", 12), ("hard", 25)):
+    for name, step in (("soft", 0), ("ramp", 15), ("ramp_end", 19), ("straight_through", 25), ("hard", 35)):
         out, router_grad, dx = _output_and_grads(module, x, jnp.int32(step), causal)
         ys[name] = np.asarray(out.y)
         assert np.all(np.isfinite(ys[name]))
@@ -58,9 +62,54 @@ def test_phases_router_gradients_and_causality(causal):
             assert leak > 0.0
         assert set(out.aux_losses) == {"label_sparsity", "label_balance", "label_z_loss"}
         assert int(out.stats["capacity_overflow"]) == 0
+        assert int(out.stats["phase"]) == schedule.PHASES[name.removesuffix("_end")]
     # Straight-through's forward is the hard pattern: two executors, one pattern.
     np.testing.assert_allclose(ys["straight_through"], ys["hard"], atol=2e-5, rtol=2e-5)
     assert np.max(np.abs(ys["soft"] - ys["hard"])) > 1e-3
+    # The ramp ends next to the straight-through forward (α = 10/11 at its last step: dropped edges weigh q / 11).
+    gap = lambda a, b: np.max(np.abs(ys[a] - ys[b]))
+    assert gap("ramp_end", "straight_through") < 0.5 * gap("ramp", "straight_through")
+
+
+def test_ramp_makes_the_forward_change_gradually():
+    """Across soft -> straight-through the output moves in steps of ~1/ramp of the whole change; with no ramp it
+    moves all at once at the switch (what the ramp is for)."""
+    x = _x(3)
+    ctx = lambda s: AttentionContext(valid_len=jnp.asarray([N]), step=jnp.int32(s), causal=True)
+
+    def largest_step(cfg):
+        module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
+        run = nnx.jit(lambda m, x, s: m(x, ctx(s)).y)
+        ys = [np.asarray(run(module, x, s)) for s in range(8, 22)]
+        steps = [np.max(np.abs(b - a)) for a, b in zip(ys, ys[1:])]
+        return max(steps) / np.max(np.abs(ys[-1] - ys[0]))
+
+    assert largest_step(CFG) < 0.35
+    no_ramp = LabelAttentionConfig(**{**CFG.__dict__, "ramp_frac": 0.0, "straight_through_frac": 0.5})
+    assert largest_step(no_ramp) > 0.9
+
+
+def test_schedule_scales_to_the_run_and_says_when_it_is_cut_short():
+    cfg = LabelAttentionConfig(num_labels=4, top_k=1, radius=3, block=8, soft_block=8)
+    module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
+    assert module.fit_schedule(1000) == []
+    steps = module.phase_steps()
+    assert (steps.soft, steps.ramp, steps.straight_through, steps.anneal) == (300, 200, 300, 300)
+    notes = module.fit_schedule(2)  # 0.2 of 2 steps: the ramp rounds to 0; hard starts at 2, the end
+    assert any("ramp phase" in n and "0 steps" in n for n in notes) and any("hard phase" in n for n in notes)
+    fixed = LabelAttentionConfig(**{**cfg.__dict__, "num_steps": 5000}).make(DM, HEADS, rngs=nnx.Rngs(0))
+    notes = fixed.fit_schedule(1000)  # the config's own length wins; the run ends in the soft phase
+    assert fixed.phase_steps().soft == 1500 and any("straight_through phase starts at step 2500" in n for n in notes)
+    absolute = LabelAttentionConfig(**{**cfg.__dict__, "soft_steps": 40, "straight_through_steps": 20})
+    fitted = absolute.make(DM, HEADS, rngs=nnx.Rngs(0))
+    assert fitted.fit_schedule(50) == ["the hard phase starts at step 60, at or after the run's end (50)"]
+    assert fitted.phase_steps() == schedule.Schedule(soft=40, ramp=0, straight_through=20, anneal=40)
+    unfitted = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
+    assert unfitted.phase_steps() == cfg.phase_steps(DEFAULT_NUM_STEPS)
+    with pytest.raises(ValueError, match="exceed 1"):
+        LabelAttentionConfig(soft_frac=0.6, ramp_frac=0.3, straight_through_frac=0.2)
+    with pytest.raises(ValueError, match="membership"):
+        LabelAttentionConfig(membership="softmax")
 
 
 def test_pinned_phase_config_errors_and_model_plug_in():
@@ -83,7 +132,9 @@ def test_pinned_phase_config_errors_and_model_plug_in():
     tokens = jnp.arange(N, dtype=jnp.int32)[None] % 16
     out = nnx.jit(lambda m, t: m(t, step=3))(model, tokens)
     assert out.logits.shape == (1, N, 16) and np.isfinite(float(out.aux_loss))
-    assert "layer1/mean_degree" in out.stats and "layer0/tau" in out.stats
+    # The model files a mechanism's own statistics as layer{i}/labels/{name} (layer{i}/{name} before that scheme).
+    named = lambda i, key: {f"layer{i}/labels/{key}", f"layer{i}/{key}"} & set(out.stats)  # noqa: E731
+    assert named(1, "mean_degree") and named(0, "tau") and "layer0/keys_per_query" in out.stats
 
 
 def test_balance_losses_at_uniform_and_skewed_sizes():
@@ -106,14 +157,18 @@ def test_statistics_are_exact():
     h = oracles.base_graph(n, 3, 0, False, 36)
     keys = oracles.hard_mask(z, h).sum(-1)[None, None]
     sizes = z[:36].sum(0)[None, None]
+    attended = keys + 3  # e.g. a soft phase's edges of H
     st = label_stats(
-        jnp.asarray(keys), jnp.asarray(sizes), heads=4, head_dim=8, causal=False, valid_len=jnp.asarray([36])
-    )
+        jnp.asarray(attended), jnp.asarray(keys), jnp.asarray(sizes), heads=4, head_dim=8, causal=False,
+        valid_len=jnp.asarray([36]), needed=12, reach=8,
+    )  # fmt: skip
     deg = keys[0, 0, :36] - 1
+    assert float(st["keys_per_query"]) == pytest.approx(attended[0, 0, :36].mean())
+    assert float(st["reach_needed_ratio"]) == pytest.approx(1.5)
     assert float(st["frac_disconnected"]) == pytest.approx(np.mean(deg == 0))
     assert float(st["mean_degree"]) == pytest.approx(deg.mean())
     assert float(st["max_degree"]) == deg.max()
-    assert float(st["attention_flops"]) == pytest.approx(4 * keys[0, 0, :36].sum() * 4 * 8)
-    assert float(st["flops_vs_dense"]) == pytest.approx(keys[0, 0, :36].sum() / 36**2)
+    assert float(st["attention_flops"]) == pytest.approx(4 * attended[0, 0, :36].sum() * 4 * 8)
+    assert float(st["flops_vs_dense"]) == pytest.approx(attended[0, 0, :36].sum() / 36**2)
     hist = sum(float(v) for k, v in st.items() if k.startswith("bucket_hist/"))
     assert hist == d

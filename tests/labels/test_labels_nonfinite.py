@@ -1,4 +1,4 @@
-"""Non-finite values (issue 17): NaN/inf at padding are invisible; at a valid position they reach only its readers.
+"""Non-finite values: NaN/inf at padding are invisible; at a valid position they reach only its readers.
 
 The guarantee (docs/labels.md): padding of q, k, v (and of the layer input) changes nothing, forward or backward; a
 non-finite q, k or v at a valid position makes exactly the rows that read it NaN, and the gradients w.r.t. q, k, v of
@@ -112,8 +112,9 @@ def test_soft_attention_isolates_nonfinite_values(mode):
 
 def test_module_ignores_nonfinite_hidden_states_at_padding_in_every_phase():
     cfg = LabelAttentionConfig(
-        num_labels=L, top_k=K, radius=5, landmark_every=9, soft_steps=1, straight_through_steps=1, z_loss_weight=0.1
-    )
+        num_labels=L, top_k=K, radius=5, landmark_every=9, num_steps=4, soft_frac=0.25, ramp_frac=0.25,
+        straight_through_frac=0.25, z_loss_weight=0.1,
+    )  # fmt: skip
     module = cfg.make(16, 2, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(2), (B, N, 16))
     graphdef, params = nnx.split(module)
@@ -129,7 +130,7 @@ def test_module_ignores_nonfinite_hidden_states_at_padding_in_every_phase():
         return jax.grad(loss, (0, 1), has_aux=True)(params, x)
 
     pad = jnp.asarray(_padding())[..., None]
-    for step in range(3):  # soft, straight-through, hard
+    for step in range(4):  # soft, ramp, straight-through, hard
         (gp_clean, gx_clean), y_clean = run(params, x, step)
         for value in BAD:
             (gp, gx), y = run(params, jnp.where(pad, value, x), step)

@@ -1,4 +1,4 @@
-"""Soft and straight-through phases against dense float64 oracles; τ -> 0 (§B8.6); self-loops (§B8.8)."""
+"""Soft and straight-through phases against dense float64 oracles; τ -> 0; self-loops."""
 
 import functools
 
@@ -25,30 +25,39 @@ def _inputs(seed=0, n=N):
     return q, k, v, r
 
 
-def _soft_oracle(q, k, v, p, h, eps):
+def _soft_oracle(q, k, v, p, h, eps, alpha=0.0, hard=None):
+    """Soft attention on H; with α > 0 the score (1 - α) q + α A_hard (the ramp)."""
     p64 = np.asarray(p, np.float64)
-    bias = np.log(1 - np.prod(1 - p64[:, None, :] * p64[None, :, :], axis=-1) + eps)
+    q_soft = 1 - np.prod(1 - p64[:, None, :] * p64[None, :, :], axis=-1)
+    bias = np.log(q_soft + eps) if alpha == 0 else np.log((1 - alpha) * q_soft + alpha * hard + eps)
     np.fill_diagonal(bias, 0.0)  # q_uu := 1
     return np.stack([oracles.attention(q[:, j], k[:, 0], v[:, 0], h, bias) for j in range(q.shape[1])], axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("base", "mode", "eps", "block"))
-def _run(q, k, v, p, bits, *, base, mode, eps=1e-6, block=16, valid_len=None):
-    return soft_label_attention(q, k, v, p, bits, base=base, mode=mode, eps=eps, valid_len=valid_len, block=block)
+def _run(q, k, v, p, bits, *, base, mode, eps=1e-6, block=16, valid_len=None, alpha=0.0):
+    out, lse, info = soft_label_attention(
+        q, k, v, p, bits, base=base, mode=mode, eps=eps, valid_len=valid_len, block=block, hard_weight=alpha
+    )
+    return out, lse, info["keys"], info["edges"]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_soft_phase_matches_the_dense_oracle(causal):
+def test_soft_and_ramp_phases_match_the_dense_oracle(causal):
     q, k, v, r = _inputs()
     base = BaseGraph(radius=6, landmark_every=9, causal=causal)
     p = soft.memberships(r, 0.7)
     bits = B.pack_labels(B.top_k_labels(r, 2), L)
-    out, _, keys = _run(q, k, v, p, bits, base=base, mode="soft")
     h = oracles.base_graph(N, 6, 9, causal)
-    want = _soft_oracle(np.asarray(q[0]), np.asarray(k[0]), np.asarray(v[0]), np.asarray(p[0, 0]), h, 1e-6)
-    np.testing.assert_allclose(np.asarray(out[0]), want, atol=2e-5, rtol=2e-5)
     z = oracles.z_from_labels(np.asarray(B.top_k_labels(r, 2)[0, 0]), L)
-    np.testing.assert_array_equal(np.asarray(keys[0, 0]), oracles.hard_mask(z, h).sum(-1))
+    hard = oracles.hard_mask(z, h).astype(np.float64)
+    for alpha in (0.0, 0.6):
+        out, _, keys, edges = _run(q, k, v, p, bits, base=base, mode="soft", alpha=alpha)
+        args = (np.asarray(q[0]), np.asarray(k[0]), np.asarray(v[0]), np.asarray(p[0, 0]), h, 1e-6)
+        want = _soft_oracle(*args, alpha=alpha, hard=hard)
+        np.testing.assert_allclose(np.asarray(out[0]), want, atol=2e-5, rtol=2e-5)
+    np.testing.assert_array_equal(np.asarray(keys[0, 0]), hard.sum(-1))
+    np.testing.assert_array_equal(np.asarray(edges[0, 0]), h.sum(-1))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -56,7 +65,7 @@ def test_straight_through_forward_is_the_hard_pattern(causal):
     q, k, v, r = _inputs(1)
     base = BaseGraph(radius=6, landmark_every=9, causal=causal)
     labels = B.top_k_labels(r, 2)
-    out, _, _ = _run(q, k, v, soft.memberships(r, 0.3), B.pack_labels(labels, L), base=base, mode="straight_through")
+    out = _run(q, k, v, soft.memberships(r, 0.3), B.pack_labels(labels, L), base=base, mode="straight_through")[0]
     mask = oracles.hard_mask(oracles.z_from_labels(np.asarray(labels[0, 0]), L), oracles.base_graph(N, 6, 9, causal))
     want = np.stack([oracles.attention(q[0, :, j], k[0, :, 0], v[0, :, 0], mask) for j in range(2)], axis=1)
     np.testing.assert_allclose(np.asarray(out[0]), want, atol=2e-5, rtol=2e-5)
@@ -86,7 +95,7 @@ def test_soft_attention_converges_to_the_label_mask_as_tau_goes_to_zero():
     bits = B.pack_memberships(jnp.asarray(z))[None, None]
     errs = []
     for tau in (1.0, 0.01, 0.001):
-        out, _, _ = _run(q, k, v, soft.memberships(r, tau), bits, base=base, mode="soft", eps=1e-9)
+        out = _run(q, k, v, soft.memberships(r, tau), bits, base=base, mode="soft", eps=1e-9)[0]
         errs.append(float(np.max(np.abs(np.asarray(out[0]) - want))))
     assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-5 and errs[0] > 1e-2
 
@@ -99,11 +108,11 @@ def test_rows_sum_to_one_with_self_loops_even_when_disconnected():
     p = jnp.full((1, 1, n, L), 1e-3)
     bits = B.pack_labels(jnp.zeros((1, 1, n, 1), jnp.int32), L)
     for mode in ("soft", "straight_through"):
-        out, _, keys = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
+        out, _, keys, _ = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
         assert np.all(np.isfinite(np.asarray(out))) and np.all(np.asarray(keys)[0, 0, :20] == 1)
         np.testing.assert_allclose(np.asarray(out)[0, :20], 1.0, atol=1e-6)  # softmax rows sum to 1
         np.testing.assert_array_equal(np.asarray(out)[0, 20:], 0.0)
-        out, _, _ = _run(q, k, v, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
+        out = _run(q, k, v, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))[0]
         np.testing.assert_allclose(np.asarray(out[0, :20, 0]), np.asarray(v[0, :20, 0]), atol=1e-6)
     with pytest.raises(ValueError, match="mode"):
         soft_label_attention(q, k, v, p, bits, base=base, mode="hard")

@@ -1,4 +1,4 @@
-"""math_spec §B8.1, §B8.2 and the schedules: the soft score q_uv, its stable log, σ at small τ."""
+"""The soft score and the schedules (docs/labels.md): the soft score q_uv, its stable log, σ at small τ."""
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ def test_stable_log_q_matches_float64_and_stays_finite_in_float32():
     tiny = jnp.full((32,), 1e-4, jnp.float32)
     assert not np.isfinite(float(jnp.log(soft.q_direct(tiny, tiny))))  # the direct form underflows to log 0
     val = float(soft.log_q(tiny, tiny, 0.0))
-    assert np.isfinite(val) and abs(val - np.log(32e-8)) < 1e-3  # math_spec quotes -16.63 for d=1 per pair sum
+    assert np.isfinite(val) and abs(val - np.log(32e-8)) < 1e-3  # log(32e-8) = -14.95 (32 pairs of 1e-8)
     ones = jnp.ones((8,), jnp.float32)
     assert np.isfinite(float(soft.log_q(ones, ones)))  # products that round to 1 are clipped
     g = jax.grad(lambda p: soft.log_q(p, ones * 0.5))(ones)
@@ -60,6 +60,23 @@ def test_temperature_and_phase_are_pure_functions_of_the_step():
     jitted = jax.jit(lambda s: schedule.temperature(s, anneal_steps=100))
     assert float(jitted(jnp.int32(50))) == pytest.approx(taus[1])
     phases = [int(schedule.phase(s, soft_steps=3, straight_through_steps=2)) for s in range(7)]
-    assert phases == [0, 0, 0, 1, 1, 2, 2]
+    assert phases == [0, 0, 0, 2, 2, 3, 3]
+    phases = [int(schedule.phase(s, soft_steps=1, ramp_steps=2, straight_through_steps=1)) for s in range(6)]
+    assert phases == [0, 1, 1, 2, 3, 3]
+    alphas = [float(schedule.hard_weight(s, soft_steps=2, ramp_steps=3)) for s in range(7)]
+    assert alphas == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert int(schedule.phase(schedule.INFERENCE_STEP, soft_steps=10**6, straight_through_steps=10**6)) == 3
     with pytest.raises(ValueError):
         schedule.temperature(0, tau_end=0.0)
+
+
+def test_centred_memberships_tend_to_the_top_k_labels():
+    """σ((R - θ)/τ) -> the top-k indicator as τ -> 0 (σ(R/τ) -> {R > 0}, any number); gradients finite."""
+    r = jax.random.normal(jax.random.PRNGKey(1), (3, 1, 20, 8)) + 0.7  # most logits positive
+    top = np.asarray(jax.nn.one_hot(jax.lax.top_k(r, 2)[1], 8).sum(-2))
+    np.testing.assert_allclose(np.asarray(soft.centred_memberships(r, 1e-4, 2)), top, atol=1e-3)
+    assert float(jnp.mean(jnp.sum(soft.memberships(r, 1e-4), -1))) > 4  # the plain sigmoid keeps every R > 0
+    assert float(jnp.mean(jnp.sum(soft.centred_memberships(r, 1.0, 2), -1))) > 2.5  # spread at τ = 1
+    np.testing.assert_array_equal(np.asarray(soft.centred_memberships(r, 0.1, 8)) > 0.99, True)  # k = d: all
+    g = jax.grad(lambda x: jnp.sum(soft.centred_memberships(x, 0.1, 2) ** 2))(r)
+    assert np.all(np.isfinite(np.asarray(g))) and float(jnp.sum(jnp.abs(g))) > 0

@@ -54,7 +54,8 @@ def loss_fn(model, batch, step):
     return nll, {"nll": nll}
 
 
-def eval_fn(model, batch):
+def eval_fn(model, batch, step):
+    del step
     logits_BxNxV = model(batch["inputs"])
     nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxNxV, batch["targets"]).mean()
     return {"nll": nll, "bits_per_byte": nll / jnp.log(2.0)}

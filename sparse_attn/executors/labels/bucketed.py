@@ -23,6 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors.labels.heads import merge_heads, split_heads
 from sparse_attn.executors.softmax import finite_rows, masked_softmax, range_any
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
@@ -442,7 +443,8 @@ def bucketed_attention(
       NaN in both, and every other row, and the gradients of a loss that skips those rows, are what finite values
       there would give), exact for any labels, and info: `overflow` (int32, bucket entries over the batch whose
       range the planned `reach` does not hold; when > 0 the batch ran a wider band tier), `reach` (int32, the
-      tier's reach that ran), `keys` (int32[B, P, N], allowed keys per token, self included).
+      tier's reach that ran), `needed` (int32, the widest reach a block of the batch needed: the planned reach
+      holds the batch iff needed <= reach), `keys` (int32[B, P, N], allowed keys per token, self included).
     """
     b, n, h, dh = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
@@ -461,18 +463,8 @@ def bucketed_attention(
     if reach < 0:
         raise ValueError(f"reach must be >= 0, got {reach}")
     p = labels_BxPxNxK.shape[1]
-    r = h // g
     (q_BxNxHxD, q_bad), (k_BxNxGxD, k_bad), (v_BxNxGxD, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
-    kv_bad = k_bad | v_bad  # [B, N, G]
-    if p == 1:
-        q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
-        k5, v5, bad4 = k_BxNxGxD[:, None], v_BxNxGxD[:, None], kv_bad[:, None]
-    else:  # per-head labels: each head is its own layout, reading its KV group
-        q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
-        grp = jnp.arange(h) // r
-        k5 = jnp.transpose(k_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
-        v5 = jnp.transpose(v_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
-        bad4 = jnp.transpose(kv_bad[:, :, grp], (0, 2, 1))[..., None]
+    q6, k5, v5, bad4 = split_heads(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, k_bad | v_bad, p)
     labels = jnp.broadcast_to(labels_BxPxNxK, (b,) + labels_BxPxNxK.shape[1:]).astype(jnp.int32)
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
 
@@ -482,7 +474,8 @@ def bucketed_attention(
     # branch (a batched index would run them all).
     reaches = fallback_reaches(reach, base.radius, n)
     need_BxPxE = required_reach(lay.lo_E, lay.hi_E, block)
-    tier = jnp.sum(jnp.asarray(reaches[:-1], jnp.int32) < jnp.max(need_BxPxE), dtype=jnp.int32)
+    needed = jnp.max(need_BxPxE)
+    tier = jnp.sum(jnp.asarray(reaches[:-1], jnp.int32) < needed, dtype=jnp.int32)
     overflow = jnp.sum(need_BxPxE > reach, dtype=jnp.int32)
 
     def one(q, k, v, bad, lab, lay, length):
@@ -491,11 +484,6 @@ def bucketed_attention(
 
     per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
     out, lse, keys, reads = jax.vmap(per_head)(q6, k5, v5, bad4, labels, lay, vl)
-    # out [B, P, N, G', R', D] -> [B, N, H, D]
-    out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
-    lse = jnp.moveaxis(lse, 1, 2).reshape(b, n, h)
-    reads = jnp.moveaxis(reads, 1, 2).reshape(b, n, -1)  # [B, N, P G']: per KV group, or per head
-    bad = (q_bad | jnp.repeat(reads, h // reads.shape[-1], axis=-1)) & ~jnp.isneginf(lse)
-    out, lse = jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse)
+    out, lse = merge_heads(out, lse, reads, q_bad, q_BxNxHxD.dtype)
     used = jnp.asarray(reaches, jnp.int32)[tier]
-    return out, lse, dict(overflow=overflow, reach=used, keys=keys)
+    return out, lse, dict(overflow=overflow, reach=used, needed=needed, keys=keys)

@@ -1,6 +1,8 @@
-"""Soft and straight-through label attention over E(H) (math_spec §B2), for training.
+"""Soft and straight-through label attention over E(H), for training (docs/labels.md, "Definitions").
 
-Soft: logits s_uv = q·k/√D + log(q_uv + ε) on E(H) ∪ self (q_uu := 1), softmax over N_H(u).
+Soft: logits s_uv = q·k/√D + log(q_uv + ε) on E(H) ∪ self (q_uu := 1), softmax over N_H(u). With a hard weight
+α > 0 (the ramp phase) the score is blended into the hard pattern: log((1 - α) q_uv + α A_uv + ε), so at α = 1 the
+weights are hard attention's up to ε (docs/labels.md, "Phase transitions").
 Straight-through: the forward pass is the hard pattern (in H, m_u & m_v != 0, plus self); the weights are
 A_uv e^{s_uv} / Σ A e^{s} with A = A_hard + q - stop_gradient(q), so the router receives the soft phase's gradient
 through q on every edge of H (also on the edges the hard mask drops), while the output equals hard attention.
@@ -20,9 +22,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.softmax import finite_rows
 from sparse_attn.executors.labels.bucketed import band_rows
-from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.executors.labels.heads import merge_heads, split_heads
+from sparse_attn.executors.softmax import finite_rows, masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
@@ -33,7 +35,8 @@ MODES = ("soft", "straight_through")
 _EXP_CAP = 0.0
 
 
-def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, *, base: BaseGraph, mode, eps, scale, block):
+def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, alpha, *, base: BaseGraph, mode, eps, scale,
+         block):
     n, g, r, dh = q_NxGxRxD.shape
     w = min(base.radius, n)
     nb = -(-n // block)
@@ -62,6 +65,8 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, *, base: 
     vk = keys(v_NxGxD).astype(jnp.float32)
     hard = edge & (bits_lib.shares(padq(bits_NxW)[:, :, None, :], keys(bits_NxW)[:, None, :, :]) | selfp)
     if mode == "soft":
+        mixed = jnp.log((1.0 - alpha) * jnp.exp(bias) + alpha * (hard.astype(jnp.float32) + eps))
+        bias = jnp.where(alpha > 0, mixed, bias)
         p, lse = masked_softmax(s + jnp.where(selfp, 0.0, bias)[:, None, None], edge[:, None, None])
     else:
         q_soft = jnp.where(selfp, 1.0, jnp.exp(bias) - eps)
@@ -80,9 +85,10 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, *, base: 
     o = jnp.einsum("xgrbc,xcgd->xbgrd", p, vk).reshape(nb * block, g, r, dh)[:n]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:n]
     keys_N = jnp.sum(hard, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
+    edges_N = jnp.sum(edge, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
     read = (edge if mode == "soft" else hard).astype(jnp.float32)
     reads = jnp.einsum("xbc,xcg->xbg", read, keys(kv_bad_NxG.astype(jnp.float32))) > 0
-    return o, lse, keys_N, reads.reshape(nb * block, g)[:n]
+    return o, lse, keys_N, edges_N, reads.reshape(nb * block, g)[:n]
 
 
 def soft_label_attention(
@@ -98,6 +104,7 @@ def soft_label_attention(
     scale: float | None = None,
     valid_len=None,
     block: int = 64,
+    hard_weight=0.0,
 ):
     """Soft or straight-through label attention.
 
@@ -105,10 +112,12 @@ def soft_label_attention(
       p_BxPxNxL: float32 memberships σ(R/τ), P = 1 (shared by heads) or H.
       bits_BxPxNxW: uint32 top-k bitmasks (the hard pattern of the straight-through forward, and statistics).
       mode: "soft" or "straight_through".
+      hard_weight: α in [0, 1] (float scalar, may be traced), soft mode only: blends q_uv into the hard pattern.
 
     Returns:
-      out [B, N, H, D], lse [B, N, H], keys int32[B, P, N] (keys the hard pattern allows, self included). A row
-      that reads a non-finite q, k or v gives NaN in out and lse.
+      out [B, N, H, D], lse [B, N, H], and info: `keys` int32[B, P, N] (keys the hard pattern allows, self
+      included), `edges` int32[B, P, N] (edges of H, self included: the keys a soft row weighs). A row that reads
+      a non-finite q, k or v gives NaN in out and lse.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -123,30 +132,20 @@ def soft_label_attention(
     ):
         raise ValueError(f"memberships {p_BxPxNxL.shape} / bits {bits_BxPxNxW.shape} must be [B|1, 1|{h}, {n}, ...]")
     scale = 1.0 / math.sqrt(dh) if scale is None else scale
-    r = h // g
     (q_BxNxHxD, q_bad), (k_BxNxGxD, k_bad), (v_BxNxGxD, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
-    kv_bad = k_bad | v_bad  # [B, N, G]
-    if pp == 1:
-        q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
-        k5, v5, bad4 = k_BxNxGxD[:, None], v_BxNxGxD[:, None], kv_bad[:, None]
-    else:
-        q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
-        grp = jnp.arange(h) // r
-        k5 = jnp.transpose(k_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
-        v5 = jnp.transpose(v_BxNxGxD[:, :, grp], (0, 2, 1, 3))[:, :, :, None]
-        bad4 = jnp.transpose(kv_bad[:, :, grp], (0, 2, 1))[..., None]
+    q6, k5, v5, bad4 = split_heads(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, k_bad | v_bad, pp)
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
     live = (jnp.arange(n)[None, None, :, None] < vl[:, None, None, None])
     p_all = jnp.where(live, jnp.broadcast_to(p_BxPxNxL, (b,) + p_BxPxNxL.shape[1:]), 0.0)  # padding: any value
     bits_all = jnp.broadcast_to(bits_BxPxNxW, (b,) + bits_BxPxNxW.shape[1:])
 
+    alpha = jax.lax.stop_gradient(jnp.asarray(hard_weight, jnp.float32))
+
     def one(q, k, v, bad, p, bits, length):
-        return _one(q, k, v, bad, p, bits, length, base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
+        kw = dict(base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
+        return _one(q, k, v, bad, p, bits, length, alpha, **kw)
 
     per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
-    out, lse, keys, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl)
-    out = jnp.moveaxis(out, 1, 2).reshape(b, n, h, dh).astype(q_BxNxHxD.dtype)
-    lse = jnp.moveaxis(lse, 1, 2).reshape(b, n, h)
-    reads = jnp.moveaxis(reads, 1, 2).reshape(b, n, -1)  # [B, N, P G']
-    bad = (q_bad | jnp.repeat(reads, h // reads.shape[-1], axis=-1)) & ~jnp.isneginf(lse)
-    return jnp.where(bad[..., None], jnp.nan, out), jnp.where(bad, jnp.nan, lse), keys
+    out, lse, keys, edges, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl)
+    out, lse = merge_heads(out, lse, reads, q_bad, q_BxNxHxD.dtype)
+    return out, lse, dict(keys=keys, edges=edges)

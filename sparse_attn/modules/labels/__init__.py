@@ -1,8 +1,20 @@
-"""Label-intersection attention (seed 001): routing head, soft / straight-through / hard phases, NNX module."""
+"""Label-intersection attention (seed 001, docs/labels.md): config, NNX layer, core, statistics, routing head."""
 
-from sparse_attn.modules.labels.attention import LabelAttention, label_core
-from sparse_attn.modules.labels.config import LabelAttentionConfig
-from sparse_attn.modules.labels.router import LabelRouter
 from sparse_attn.executors.labels.soft import soft_label_attention
+from sparse_attn.modules.labels.config import LabelAttentionConfig
+from sparse_attn.modules.labels.core import label_core
+from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS, LabelAttention
+from sparse_attn.modules.labels.router import LabelRouter
+from sparse_attn.modules.labels.stats import label_stats
+from sparse_attn.patterns.labels.schedule import INFERENCE_STEP
 
-__all__ = ["LabelAttention", "LabelAttentionConfig", "LabelRouter", "label_core", "soft_label_attention"]
+__all__ = [
+    "DEFAULT_NUM_STEPS",
+    "INFERENCE_STEP",
+    "LabelAttention",
+    "LabelAttentionConfig",
+    "LabelRouter",
+    "label_core",
+    "label_stats",
+    "soft_label_attention",
+]

@@ -1,42 +1,61 @@
-"""Frozen configuration of label-intersection attention (one per layer)."""
+"""Frozen configuration of label-intersection attention (one per layer), validated once here."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from flax import nnx
 
-from sparse_attn.modules.labels.attention import LabelAttention
+from sparse_attn.modules.labels.module import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import schedule
 
 PHASE_CHOICES = ("schedule", "soft", "straight_through", "hard")
 BALANCE_CHOICES = ("cv2", "switch", "none")
+MEMBERSHIP_CHOICES = ("centred", "sigmoid")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LabelAttentionConfig:
     """Label attention: H = window(radius) ∪ landmarks(every landmark_every) ∪ self, filtered by shared labels.
 
-    Phase: "schedule" follows the step (soft for `soft_steps`, straight-through for `straight_through_steps`, then
-    hard); "soft" / "straight_through" / "hard" pin it (e.g. "hard" for inference and benchmarks).
-    Temperature: τ anneals geometrically tau_start -> tau_end over `anneal_steps`.
+    Defaults and the measurements behind them: docs/labels.md ("Defaults").
+    Phase: "schedule" follows the step through soft -> ramp -> straight-through -> hard, each phase a fraction of
+    the run (`soft_frac`, `ramp_frac`, `straight_through_frac`; the rest is hard) of `num_steps` steps. With
+    `num_steps=None` the train loop sets the run's length (`LabelAttention.fit_schedule`). "soft" /
+    "straight_through" / "hard" pin the phase.
+    Temperature: τ anneals geometrically tau_start -> tau_end over the first `anneal_frac` of the run.
+    Absolute schedule: `soft_steps` or `straight_through_steps` given fixes every phase length in steps instead
+    (`ramp_steps` default 0, `anneal_steps` default `soft_steps`), whatever the run's length.
+    Memberships: "centred" σ((R - θ)/τ) with θ between the k-th and (k+1)-th logit (tends to the top-k labels the
+    hard phase uses), or "sigmoid" σ(R/τ).
+    landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · (CV² or Switch),
     z_loss_weight · router z-loss.
     """
 
+    mechanism: ClassVar[str] = "labels"  # statistics are filed as "layer{i}/labels/{key}" by the model
+
     num_labels: int = 32
     top_k: int = 2
     radius: int = 64
-    landmark_every: int = 0
+    landmark_every: int | None = None
     router_hidden: int = 64
     per_head_labels: bool = False
     phase: str = "schedule"
-    soft_steps: int = 1000
-    straight_through_steps: int = 500
+    membership: str = "centred"
+    num_steps: int | None = None
+    soft_frac: float = 0.3
+    ramp_frac: float = 0.2
+    straight_through_frac: float = 0.3
+    anneal_frac: float = 0.3
+    soft_steps: int | None = None
+    ramp_steps: int | None = None
+    straight_through_steps: int | None = None
+    anneal_steps: int | None = None
     tau_start: float = 1.0
     tau_end: float = 0.1
-    anneal_steps: int = 1000
     eps: float = 1e-6
     sparsity_weight: float = 1e-3
     balance: str = "cv2"
@@ -50,16 +69,50 @@ class LabelAttentionConfig:
 
     def __post_init__(self):
         bits_lib.check_labels(self.num_labels, self.top_k)
-        if self.phase not in PHASE_CHOICES:
-            raise ValueError(f"phase must be one of {PHASE_CHOICES}, got {self.phase!r}")
-        if self.balance not in BALANCE_CHOICES:
-            raise ValueError(f"balance must be one of {BALANCE_CHOICES}, got {self.balance!r}")
-        if self.radius < 0 or self.landmark_every < 0 or self.router_hidden < 1:
+        for name, value, choices in (
+            ("phase", self.phase, PHASE_CHOICES),
+            ("balance", self.balance, BALANCE_CHOICES),
+            ("membership", self.membership, MEMBERSHIP_CHOICES),
+        ):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        if self.radius < 0 or (self.landmark_every is not None and self.landmark_every < 0) or self.router_hidden < 1:
             raise ValueError("radius and landmark_every must be >= 0 and router_hidden >= 1")
         if self.block < 1 or self.soft_block < 1 or self.reach_factor <= 0 or not 0 < self.eps < 1:
             raise ValueError("block, soft_block >= 1, reach_factor > 0 and 0 < eps < 1 required")
-        schedule.temperature(0, tau_start=self.tau_start, tau_end=self.tau_end, anneal_steps=self.anneal_steps)
-        schedule.phase(0, soft_steps=self.soft_steps, straight_through_steps=self.straight_through_steps)
+        if self.num_steps is not None and self.num_steps < 1:
+            raise ValueError(f"num_steps must be None or >= 1, got {self.num_steps}")
+        schedule.check_fractions(**self.fractions)
+        for name in ("soft_steps", "ramp_steps", "straight_through_steps", "anneal_steps"):
+            value = getattr(self, name)
+            if value is not None and (value < 0 or (name == "anneal_steps" and value < 1)):
+                raise ValueError(f"{name} must be None or >= {int(name == 'anneal_steps')}, got {value}")
+        schedule.temperature(0, tau_start=self.tau_start, tau_end=self.tau_end, anneal_steps=1)
+
+    @property
+    def landmarks(self) -> int:
+        """The landmark stride in use (0: none)."""
+        return self.radius if self.landmark_every is None else self.landmark_every
+
+    @property
+    def fractions(self) -> dict:
+        return dict(
+            soft=self.soft_frac, ramp=self.ramp_frac, straight_through=self.straight_through_frac,
+            anneal=self.anneal_frac,
+        )
+
+    @property
+    def absolute_schedule(self) -> bool:
+        return self.soft_steps is not None or self.straight_through_steps is not None
+
+    def phase_steps(self, num_steps: int) -> schedule.Schedule:
+        """The phase lengths in steps for a run of `num_steps` (fixed ones under an absolute schedule)."""
+        if self.absolute_schedule:
+            soft = self.soft_steps or 0
+            return schedule.Schedule(soft=soft, ramp=self.ramp_steps or 0,
+                                     straight_through=self.straight_through_steps or 0,
+                                     anneal=self.anneal_steps or max(soft, 1))
+        return schedule.Schedule.resolve(num_steps, **self.fractions)
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         return LabelAttention(self, model_dim, num_heads, rngs=rngs)

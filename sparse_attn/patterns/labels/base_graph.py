@@ -1,8 +1,9 @@
-"""The base graph H of label attention (SPEC §2): a sliding window ∪ landmark edges ∪ self.
+"""The base graph H of label attention (docs/labels.md): a sliding window ∪ landmark edges ∪ self.
 
 Window: query u may attend keys [u - radius, u + radius] (causal: [u - radius, u]) — a foundation `Intervals`.
 Landmarks: every `landmark_every`-th position (0, g, 2g, ...); every query may attend every landmark (causal:
-landmarks at or before it). Landmark queries keep their plain window (edges are query -> landmark, as SPEC §2 reads).
+landmarks at or before it). Landmark queries keep their plain window (edges are query -> landmark, as
+docs/labels.md defines them).
 Padding (positions >= valid_len) neither attends nor is attended.
 """
 

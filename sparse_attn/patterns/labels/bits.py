@@ -1,4 +1,4 @@
-"""Label memberships as uint32 bitmasks: top-k packing, shared-label tests, lowest shared label (math_spec §B3).
+"""Label memberships as uint32 bitmasks: top-k packing, shared-label tests, lowest shared label (docs/labels.md).
 
 d <= 32 labels use one word, d <= 64 two words, so no `jax_enable_x64` is needed. Word w holds labels 32w..32w+31.
 """
@@ -56,7 +56,7 @@ def pack_memberships(z_xL: jax.Array) -> jax.Array:
 
 
 def shares(bits_a_xW: jax.Array, bits_b_xW: jax.Array) -> jax.Array:
-    """bool[...]: the two label sets intersect (A_uv of math_spec §B1)."""
+    """bool[...]: the two label sets intersect (A_uv, docs/labels.md)."""
     return jnp.any((bits_a_xW & bits_b_xW) != 0, axis=-1)
 
 

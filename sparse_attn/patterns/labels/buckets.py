@@ -3,7 +3,7 @@
 Every token is copied into its k buckets; entries are sorted by (label, position), so each bucket is a contiguous
 run sorted by position and u's window becomes one contiguous range of entries inside the bucket of each label.
 A pair (u, v) sharing several labels appears in each of their shared buckets; only the entry of the lowest shared
-label keeps it (math_spec §B4), tested per pair as `(below_E & bits_of_v) == 0`.
+label keeps it (docs/labels.md, "Buckets and candidates"), tested per pair as `(below_E & bits_of_v) == 0`.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def bucket_layout(labels_NxK: jax.Array, num_labels: int, base: BaseGraph, valid
 
 
 def bucket_sizes(labels_NxK: jax.Array, num_labels: int, valid_len=None) -> jax.Array:
-    """int32[d]: |B_i| over valid tokens (hard sizes c_i of math_spec §B5)."""
+    """int32[d]: |B_i| over valid tokens (the hard sizes c_i of the balance losses)."""
     n = labels_NxK.shape[0]
     alive = jnp.arange(n) < (n if valid_len is None else valid_len)
     lab = jnp.where(alive[:, None], labels_NxK, num_labels)

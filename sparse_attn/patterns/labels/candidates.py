@@ -1,7 +1,8 @@
-"""Candidate edges C(u) = ⋃_i (B_i ∩ N_H(u)) \\ {u} two ways (math_spec §B4), as host (numpy) functions.
+"""Candidate edges C(u) = ⋃_i (B_i ∩ N_H(u)) \\ {u} two ways, as host (numpy) functions (docs/labels.md,
+"Buckets and candidates").
 
 `bucket_candidates` enumerates pairs inside each inverted bucket and keeps a pair only in its lowest shared
-label's bucket; `filter_candidates` tests m_u & m_v on every edge of H. They must agree (oracle §B8.4); both are
+label's bucket; `filter_candidates` tests m_u & m_v on every edge of H. They must agree (a tested oracle); both are
 for statistics and tests on small n — the executor never materialises pair lists.
 """
 

@@ -1,4 +1,4 @@
-"""Router losses (math_spec §B5), unweighted; the module multiplies by its config weights.
+"""Router losses (docs/labels.md, "Losses"), unweighted; the module multiplies by its config weights.
 
 Sizes are per sequence and label head: hard c_i = |B_i|, soft s_i = Σ_u p_ui over valid tokens.
 """

@@ -1,4 +1,4 @@
-"""The hard label pattern: allowed iff (u, v) ∈ E(H) and m_u & m_v != 0, plus self (SPEC §2)."""
+"""The hard label pattern: allowed iff (u, v) ∈ E(H) and m_u & m_v != 0, plus self (docs/labels.md)."""
 
 from __future__ import annotations
 

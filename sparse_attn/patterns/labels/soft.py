@@ -1,4 +1,4 @@
-"""The soft shared-label score q_uv = 1 - Π_i (1 - p_ui p_vi) in stable log space (math_spec §B2)."""
+"""The soft shared-label score q_uv = 1 - Π_i (1 - p_ui p_vi) in stable log space."""
 
 from __future__ import annotations
 
@@ -39,5 +39,21 @@ def q_direct(p_u_xL: jax.Array, p_v_xL: jax.Array) -> jax.Array:
 
 
 def q_self(p_u_xL: jax.Array) -> jax.Array:
-    """P(S_u non-empty) = 1 - Π_i (1 - p_ui): the probability the formula with p_ui² does not give (§B2)."""
+    """P(S_u non-empty) = 1 - Π_i (1 - p_ui): what the formula with p_ui² misses (docs/labels.md)."""
     return 1.0 - jnp.prod(1.0 - p_u_xL, axis=-1)
+
+
+def centred_memberships(r_xL: jax.Array, tau, top_k: int) -> jax.Array:
+    """p = σ((R - θ) / τ), θ (held constant) halfway between each token's k-th and (k+1)-th largest logit.
+
+    As τ -> 0 this tends to the top-k indicator the hard phase uses, so the soft pattern meets the hard one at the
+    end of the anneal (σ(R/τ) instead tends to {i : R_i > 0}, any number of labels). See docs/labels.md.
+    """
+    r = r_xL.astype(jnp.float32)
+    d = r.shape[-1]
+    if top_k >= d:
+        theta = jnp.min(r, axis=-1, keepdims=True) - 1.0
+    else:
+        top = jax.lax.top_k(r, top_k + 1)[0]
+        theta = 0.5 * (top[..., top_k - 1 : top_k] + top[..., top_k : top_k + 1])
+    return sigmoid((r - jax.lax.stop_gradient(theta)) / tau)

@@ -1,0 +1,82 @@
+"""The label attention core (docs/labels.md): routing logits and projected q, k, v -> output and aux, per phase.
+
+  soft              p = memberships(R, τ); logits q·k/√D + log(q_uv + ε) on E(H) (`executors.labels.soft`)
+  ramp              the soft score blended into the hard pattern, weight α rising 0 -> 1 over the phase
+  straight-through  the hard pattern forward, the soft score's gradient to the router
+  hard              top-k labels -> bucketed executor (`executors.labels.bucketed`), exact for any router
+
+The hard path calls the bucketed executor directly rather than through `sparse_attn.attention`: the registry's
+contract returns (out, lse), and this core also needs what only the executor's band pass sees (each query's
+allowed keys after the dedup) and the band tier it chose (docs/labels.md, "Why the module calls its executors").
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
+from sparse_attn.executors.labels.soft import soft_label_attention
+from sparse_attn.patterns.labels import bits as bits_lib
+from sparse_attn.patterns.labels import schedule, soft
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+
+# Phase -> branch of the switch: soft and ramp share one (the ramp is the soft pass with α > 0).
+_BRANCH = (0, 0, 1, 2)
+
+
+def memberships(r_BxPxNxL, tau, *, kind: str, top_k: int):
+    """p of the soft score: "centred" (tends to the top-k labels as τ -> 0) or "sigmoid" σ(R/τ)."""
+    return soft.centred_memberships(r_BxPxNxL, tau, top_k) if kind == "centred" else soft.memberships(r_BxPxNxL, tau)
+
+
+def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, steps: schedule.Schedule | None = None):
+    """Attention output [B, N, H, D] and aux: keys / hard_keys int32[B, P, N], overflow, needed, reach, p, labels,
+    tau, phase, hard_weight.
+
+    `cfg`: a `LabelAttentionConfig`; `steps`: its phase lengths for this run (default: for the config's
+    `num_steps`, else `schedule.DEFAULT_NUM_STEPS`). The phase follows `cfg.phase` (or the step, under "schedule":
+    one `lax.switch`, so a jitted train step never recompiles when the phase changes).
+    `keys`: what each query attends in this forward (soft and ramp: every edge of H, weighted; straight-through and
+    hard: the hard pattern); `hard_keys`: the hard pattern's keys (self included). `overflow`: hard-phase bucket
+    entries whose range exceeded the planned reach (they ran a wider band tier, exactly); `needed`: the widest reach a block needed; `reach`: the planned reach.
+    """
+    n = q.shape[1]
+    steps = cfg.phase_steps(cfg.num_steps or schedule.DEFAULT_NUM_STEPS) if steps is None else steps
+    tau = schedule.temperature(step, tau_start=cfg.tau_start, tau_end=cfg.tau_end, anneal_steps=steps.anneal)
+    if cfg.phase == "schedule":
+        idx = schedule.phase(step, soft_steps=steps.soft, ramp_steps=steps.ramp,
+                             straight_through_steps=steps.straight_through)
+        alpha = schedule.hard_weight(step, soft_steps=steps.soft, ramp_steps=steps.ramp)
+    else:
+        idx = jnp.int32(schedule.PHASES[cfg.phase])
+        alpha = jnp.float32(0.0)
+    p = memberships(r_BxPxNxL, tau, kind=cfg.membership, top_k=cfg.top_k)
+    labels = bits_lib.top_k_labels(jax.lax.stop_gradient(r_BxPxNxL), cfg.top_k)
+    bits = bits_lib.pack_labels(labels, cfg.num_labels)
+    reach = default_reach(n, base, cfg.num_labels, cfg.top_k, cfg.reach_factor)
+    zero = jnp.int32(0)
+
+    def soft_like(mode):
+        def run():
+            kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
+            o, _, info = soft_label_attention(q, k, v, p, bits, hard_weight=alpha, **kw)
+            return o, info["edges"] if mode == "soft" else info["keys"], info["keys"], zero, zero
+
+        return run
+
+    def hard():
+        o, _, info = bucketed_attention(
+            q, k, v, labels, num_labels=cfg.num_labels, base=base, valid_len=valid_len, block=cfg.block, reach=reach
+        )
+        return o, info["keys"], info["keys"], info["overflow"].astype(jnp.int32), info["needed"].astype(jnp.int32)
+
+    branches = (soft_like("soft"), soft_like("straight_through"), hard)
+    if cfg.phase == "schedule":
+        o, keys, hard_keys, overflow, needed = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
+    else:
+        o, keys, hard_keys, overflow, needed = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
+    aux = dict(keys=keys, hard_keys=hard_keys, overflow=overflow, needed=needed, reach=reach, p=p, labels=labels,
+               tau=tau, phase=idx,
+               hard_weight=alpha)
+    return o, aux
