@@ -152,7 +152,8 @@ def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeCo
 
 
 def _handshake(module: AnchorAttention, s_BxHxD, pos_Bx1, cache: AbcaCache, scale: float):
-    """The new anchor's handshake steps; returns (final state, its per-step keys/values [B, S, H, D])."""
+    """The new anchor's handshake steps: (final state [B, H, D], its AnchorProjections, its per-step handshake keys
+    and values [B, S, H, D], which the next anchor (chain) or the later head ranks (global) read)."""
     cfg = module.config
     ap = AnchorProjections(module.anchor_wq[...], module.anchor_wk[...], module.anchor_wv[...], cfg.rope_base)
     m = _head_size(module)
