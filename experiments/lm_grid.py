@@ -64,6 +64,9 @@ SCALES = {
     # CPU (2 cores): 2 x 128 (~0.4M params), 16 x n bytes per step; the smoke LM's width (experiments/lm.py).
     "cpu": Scale(layers=2, dim=128, heads=4, mlp=512, batch=16, steps=600, lr=3e-3, warmup=60, eval_every=150,
                  eval_batches=16, checkpoint_every=150),
+    # The same model for 300 steps: a first look on a loaded machine (its rows are kept apart by the config name).
+    "cpu_short": Scale(layers=2, dim=128, heads=4, mlp=512, batch=16, steps=300, lr=3e-3, warmup=30, eval_every=100,
+                       eval_batches=16, checkpoint_every=100),
 }
 
 
@@ -116,9 +119,11 @@ def cell_workdir(runs_dir: str, config: str, cell: Cell) -> str:
     return os.path.join(runs_dir, config, f"n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
 
 
-def run_cell(config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "", log=print) -> dict:
-    """Train one cell (resuming in `workdir`) and append its row to `results`."""
-    scale = SCALES[config]
+def run_cell(config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "", log=print,
+             scale: Scale | None = None) -> dict:
+    """Train one cell (resuming in `workdir`) and append its row to `results`. `scale` overrides `SCALES[config]`
+    (`config` then only names the rows)."""
+    scale = scale or SCALES[config]
     corpus = StdlibSource().load()
     tokens = newline_windows(corpus.train_U8, cell.n)  # explicit anchors' budget is measured on these windows
     att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)

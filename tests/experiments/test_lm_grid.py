@@ -104,3 +104,37 @@ def test_grid_runs_dense_first_and_skips_finished_cells(tmp_path):
     assert variants == ["dense", "labels", "abca"]
     assert all(s.startswith("timed out") for c, s in status.items() if c != done)
     assert jax.default_backend()  # the grid itself imports no accelerator-only code
+
+
+def test_gpu_plan_limits_cells_by_time_left_and_records_cut_cells(tmp_path):
+    from experiments import gpu_lm
+
+    results = tmp_path / "gpu.jsonl"
+    plan = [lm_grid.Cell(64, v, 12, 0) for v in ("dense", "local", "labels", "abca_fixed")]
+    results.write_text(json.dumps({"kind": "lm", "config": "gpu_tiny", "n": 64, "variant": "dense",
+                                   "budget_keys_per_query": 12, "seed": 0}) + "\n")
+    cut = lm_grid.cell_workdir(str(tmp_path), "gpu_tiny", plan[1])
+    (tmp_path / "gpu_tiny").mkdir()
+    (tmp_path / cut).mkdir(parents=True, exist_ok=True)
+    (tmp_path / cut / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "split": "train", "bits_per_byte": b}) + "\n" for s, b in ((1, 8.0), (2, 6.0))))
+    now = [0.0]
+    limits = []
+
+    def fake_run(argv, limit, module):
+        limits.append(limit)
+        now[0] += 100.0  # each cell uses its 100 s
+        return 124 if argv[2] == "local" else 0
+
+    status = gpu_lm.run_plan(plan, tiny=True, steps=4, total_s=220.0, cell_s=150.0, results=str(results),
+                             runs_dir=str(tmp_path), run_cmd=fake_run, clock=lambda: now[0], log=lambda *_: None)
+    assert [status[c] for c in plan] == ["done before", "timed out", "finished",
+                                         "not run (out of time: run again to continue)"]
+    assert limits == [150.0, 120.0]
+    partial = json.loads(results.read_text().splitlines()[-1])
+    assert partial["kind"] == "lm_partial" and partial["steps_reached"] == 2
+    assert partial["train_bits_per_byte_last10"] == pytest.approx(7.0) and partial["variant"] == "local"
+    assert gpu_lm.seed_scale(4096, 150).batch == 8 and gpu_lm.seed_scale(16384, 150).batch == 2
+    assert [c.n for c in gpu_lm.PLAN][:1] == [4096] and max(c.n for c in gpu_lm.PLAN) == 16384
+    tiny = gpu_lm.describe(gpu_lm.TINY_PLAN[1], text_with_lines(1, 4 * N).ravel().astype(np.uint8))
+    assert tiny["type"] == "LocalAttention" and abs(tiny["planned_keys_per_query"] - 12) <= 1.2
