@@ -13,19 +13,38 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import glob
 import json
 import math
 import os
 import statistics
 
+from experiments.classify import make_task
+
 BEGIN = "<!-- classification:begin (python -m experiments.report_results writes this section) -->"
 END = "<!-- classification:end -->"
 TITLE = "# Results\n"
 NOTE_FILE = "classify_note.md"  # the machine, its load and the scale of the runs in results_dir
 
-# Majority-class validation accuracy (docs/tasks.md): the floor a model that learned nothing reaches.
+# Majority-class accuracy (docs/tasks.md), the floor a model that learned nothing reaches, for rows that do not
+# say how many validation examples they used; otherwise `majority` counts the labels of those examples.
 CHANCE = {"listops": 0.19, "dyck": 0.5, "pathfinder": 0.5, "digits": 0.1, "cifar10": 0.1}
+AT_CHANCE_PTS = 2.0  # accuracy within this many points of the majority class counts as "at chance"
+
+
+@functools.lru_cache(maxsize=64)
+def majority(task: str, n: int, num_validation: int | None) -> float | None:
+    """Accuracy of always answering the most frequent label on the first `num_validation` validation examples."""
+    if not num_validation:
+        return CHANCE.get(task)
+    try:
+        source = make_task(task, n, num_train=1, num_validation=num_validation).source("validation")
+    except (ValueError, ImportError, FileNotFoundError):  # unknown task, missing extra or data
+        return CHANCE.get(task)
+    count = min(len(source), num_validation)
+    labels = collections.Counter(int(source[i]["label"]) for i in range(count))
+    return max(labels.values()) / count if count else None
 HIERARCHICAL = ("listops", "dyck")
 IMAGES = ("pathfinder", "digits", "cifar10")
 SEED_MECHANISM = "noncrossing_defect"  # seed 002's mechanism (non-crossing routing, defect-pair router)
@@ -185,6 +204,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "steps": runs[0].get("steps"), "backend": runs[0].get("backend", "?"),
             "commits": sorted({str(r["git_commit"]) for r in runs if r.get("git_commit")}),
             "command": runs[0].get("command", ""),
+            "chance": majority(task, n, runs[0].get("num_validation")),
             "delta": None, "peak_ratio": None, "delta_std": None,
         })
     dense = {(e["task"], e["config"], e["n"], e["steps"]): e for e in out if e["attention"] == "dense"}
@@ -215,7 +235,9 @@ def headline_table(entries: list[dict]) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
         acc = _fmt(e["acc"], ".3f") + ("" if e["acc_std"] is None else f" ± {e['acc_std']:.3f}")
-        delta = "–" if e["delta"] is None else f"{e['delta']:+.1f}" + (
+        if e["acc"] is not None and e["chance"] is not None and e["acc"] <= e["chance"] + AT_CHANCE_PTS / 100:
+            acc += " (chance)"
+        delta = "–" if e["delta"] is None else _pts(e["delta"]) + (
             "" if e["delta_std"] is None else f" ± {e['delta_std']:.1f}")
         peak = _fmt(e["peak"], ".1f") + ("" if e["peak_ratio"] is None else f" ({e['peak_ratio']:.2f}×)")
         lines.append(
@@ -242,7 +264,7 @@ def detail_table(entries: list[dict]) -> str:
 # ---------------------------------------------------------------------------------------------- verdicts
 
 def _pts(v):
-    return "–" if v is None else f"{v:+.1f}"
+    return "–" if v is None else f"{v + 0.0:+.1f}".replace("-0.0", "+0.0")  # no negative zero
 
 
 def separation(entries: list[dict]) -> list[str]:
@@ -256,16 +278,16 @@ def separation(entries: list[dict]) -> list[str]:
         if d is None or d["acc"] is None or e["acc"] is None:
             continue
         gap = -e["delta"]
-        chance = CHANCE.get(task)
+        chance = d["chance"]
         above = "" if chance is None else (
-            f"; dense is {100 * (d['acc'] - chance):+.1f} points from chance ({chance:.2f})")
+            f"; dense is {_pts(100 * (d['acc'] - chance))} points from the majority class ({chance:.3f})")
         if e["delta_std"] is None:  # one seed somewhere: no spread to compare the gap with
-            out.append(f"* {task} n={n} ({config}): one seed only, dense − local = {gap:+.1f} points (no spread "
+            out.append(f"* {task} n={n} ({config}): one seed only, dense − local = {_pts(gap)} points (no spread "
                        f"to judge it by){above}.")
             continue
         verdict = "separates" if gap > max(1.0, 2 * e["delta_std"]) else "does **not** separate"
         out.append(f"* {task} n={n} ({config}): dense {verdict} from local "
-                   f"(dense − local = {gap:+.1f} ± {e['delta_std']:.1f} points, 2 σ needed){above}.")
+                   f"(dense − local = {_pts(gap)} ± {e['delta_std']:.1f} points, 2 σ needed){above}.")
     return out
 
 
@@ -288,6 +310,20 @@ def claim_images(entries: list[dict], mechanism: str, config: str) -> dict:
     if not cells:
         return {"answer": None, "cells": []}
     return {"answer": all(e["delta"] < -1.0 for e in cells), "cells": cells}
+
+
+def informative(entries: list[dict], config: str) -> str:
+    """How many (task, n) cells can rank mechanisms: dense above chance and ahead of local by 2 sigma."""
+    dense = [e for e in entries if e["config"] == config and e["attention"] == "dense" and e["acc"] is not None]
+    local = {(e["task"], e["n"], e["steps"]): e for e in entries if e["config"] == config and e["attention"] == "local"}
+    above = [d for d in dense if d["chance"] is not None and d["acc"] > d["chance"] + AT_CHANCE_PTS / 100]
+    ahead = [d for d in above if (loc := local.get((d["task"], d["n"], d["steps"]))) is not None
+             and loc["delta_std"] is not None and -loc["delta"] > max(1.0, 2 * loc["delta_std"])]
+    name = lambda es: ", ".join(f"{e['task']} {e['n']}" for e in es) or "none"  # noqa: E731
+    return (f"Dense is above chance (more than {AT_CHANCE_PTS:g} points over the majority class) on "
+            f"{len(above)} of {len(dense)} task/length cells ({name(above)}) and ahead of local by 2 σ on "
+            f"{len(ahead)} ({name(ahead)}). Where it is neither, \"within 1 point of dense\" and \"fails\" "
+            "compare models that have not learned the task, and the answers above carry no evidence either way.")
 
 
 def _yes(v):
@@ -318,6 +354,7 @@ def verdicts(entries: list[dict]) -> str:
             h, im = claim_hierarchical(entries, SEED_MECHANISM, config), claim_images(entries, SEED_MECHANISM, config)
             lines.append(f"**Answers for seed 002's mechanism ({SEED_MECHANISM}, `{config}`): claim 1 "
                          f"{_yes(h['answer'])}; claim 2 {_yes(im['answer'])}.**\n")
+        lines.append(informative(entries, config) + "\n")
         sep = separation([e for e in entries if e["config"] == config])
         if sep:
             lines.append("Whether the tasks can tell mechanisms apart at this scale (a claim of \"within 1 point "

@@ -166,6 +166,14 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     assert loc[2].strip() == "**no**" and loc[6].strip() == "**no**"
     assert "dense separates from local (dense − local = +10.0 ± 1.4 points, 2 σ needed)" in text
     assert "(noncrossing_defect, `cpu`): claim 1 **yes**; claim 2 **yes**." in text
+    assert ("above chance (more than 2 points over the majority class) on 2 of 2 task/length cells (listops 128, "
+            "pathfinder 128) and ahead of local by 2 σ on 1 (listops 128)") in text
+    assert "| 128 | noncrossing_defect | 2 | 200 | 0.500 ± 0.000 (chance) | -21.0 ± 1.0 |" in text
+    # The majority class of the examples a row was validated on (counted), or the task's known rate.
+    labels = [int(make_task("dyck", 64, num_train=1, num_validation=12).source("validation")[i]["label"])
+              for i in range(12)]
+    assert report_results.majority("dyck", 64, 12) == max(labels.count(0), labels.count(1)) / 12
+    assert report_results.majority("dyck", 64, None) == report_results.CHANCE["dyck"]
     assert "pathfinder n=128 (cpu): dense does **not** separate from local" in text
     assert "* local on listops n=128 (cpu): accuracy -10.0 points; 1.20× dense's step memory." in text
     assert "* noncrossing_defect on pathfinder n=128 (cpu): accuracy -21.0 points." in text
