@@ -49,7 +49,7 @@ def dense_mask_keys(att, tokens) -> float:
 
 
 def test_matched_budgets_agree_within_ten_percent_on_dense_masks():
-    tokens = text_with_lines(16, N)
+    tokens = text_with_lines(8, N)
     measured = {}
     for name in COMPARED:
         att = lm_budget.attention_for_budget(name, n=N, keys_per_query_target=TARGET, tokens_BxN=tokens)
