@@ -13,6 +13,9 @@ from sparse_attn.kernels import BlockSizes, KernelConfig
 from sparse_attn.kernels.vjp import KernelMeta
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern
+from sparse_attn.patterns.labels import bits
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.pattern import LabelPattern
 
 B, N, H, G, D = 2, 32, 4, 2, 8
 
@@ -31,6 +34,13 @@ def _zone_pattern(stage="layer", causal=False, max_zone=6):
     return ZonePattern(abca.compute_zones(is_anchor, vl), stage=stage, causal=causal, max_zone=max_zone)
 
 
+def _labels():
+    """Label buckets shared by heads, a shorter second sequence, one label batch row for two q rows."""
+    labels = bits.top_k_labels(jax.random.normal(jax.random.PRNGKey(2), (1, 1, N, 8)), 2)
+    base = BaseGraph(radius=6, landmark_every=8, causal=True)
+    return LabelPattern.from_labels(labels, 8, base=base, valid_len=jnp.asarray([N, 27]))
+
+
 def _bigbird():
     n_pad = jnp.asarray([N, 25], jnp.int32)
     return patterns.bigbird(N, 4, 2, 1, 8, jax.random.PRNGKey(1), causal=False, valid_len=n_pad)
@@ -41,6 +51,7 @@ CASES = {
     "xla-bigbird": (_bigbird, "xla", {}),  # global rows, global keys and random blocks: every XlaMeta field
     "pallas-longformer": (lambda: patterns.longformer(N, 5, 2, causal=True), "pallas", {"config": _TINY}),
     "packed-layer": (lambda: _zone_pattern(causal=True), "packed", {"slot_width": 8}),  # roles and slots
+    "bucketed-labels": (_labels, "bucketed", {"block": 16}),  # the bucket layouts
 }
 
 

@@ -11,18 +11,34 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
-from sparse_attn.executors.labels.bucketed import bucketed_attention
+from sparse_attn.executors.labels.bucketed import bucket_layouts, bucketed_attention
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.labels.pattern import LabelPattern
 
 
-def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: float, **options):
-    """The "bucketed" executor (options: those of `bucketed_attention`, e.g. `block`, `reach`)."""
+def _check_labels(pattern: LabelPattern) -> None:
     if pattern.labels is None:
         raise ValueError(
             "implementation 'bucketed' needs the labels the bits pack: build the pattern with "
             "LabelPattern.from_labels(labels, num_labels, base=...), or run 'reference', 'xla' or 'pallas'"
         )
+
+
+def prepare_bucketed(pattern: LabelPattern, *, head_dim=None, **options):
+    """The bucket layouts (`bucket_layouts`, leaves [B|1, P, ...]) of a prepared pattern; no option changes them."""
+    _check_labels(pattern)
+    lab = pattern.labels
+    vl = jnp.full((1,), pattern.num_tokens, jnp.int32) if pattern.valid_len is None else pattern.valid_len
+    vl = jnp.asarray(vl, jnp.int32).reshape(-1)
+    b = max(lab.shape[0], vl.shape[0])
+    lab = jnp.broadcast_to(lab, (b,) + lab.shape[1:])
+    return bucket_layouts(lab, pattern.num_labels, pattern.base, jnp.broadcast_to(vl, (b,)))
+
+
+def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: float, prepared=None, **options):
+    """The "bucketed" executor (options: those of `bucketed_attention`, e.g. `block`, `reach`); `prepared`:
+    `prepare_bucketed`'s layouts (None: built per call)."""
+    _check_labels(pattern)
     b = q_BxNxHxD.shape[0]
     vl = None if pattern.valid_len is None else jnp.broadcast_to(jnp.asarray(pattern.valid_len).reshape(-1), (b,))
     out, lse, _ = bucketed_attention(
@@ -34,6 +50,7 @@ def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: f
         base=pattern.base,
         scale=scale,
         valid_len=vl,
+        layout=prepared,
         **options,
     )
     return out, lse
@@ -52,6 +69,8 @@ def _via_window(name: str):
     return run
 
 
-registry.register_executor(LabelPattern, "bucketed", bucketed, default_on=("cpu", "gpu", "tpu"))
+registry.register_executor(
+    LabelPattern, "bucketed", bucketed, default_on=("cpu", "gpu", "tpu"), prepare=prepare_bucketed
+)
 registry.register_executor(LabelPattern, "xla", _via_window("xla"))
 registry.register_executor(LabelPattern, "pallas", _via_window("pallas"))

@@ -414,6 +414,12 @@ def _one_sequence(
     return out, lse, keys, reads
 
 
+def bucket_layouts(labels_BxPxNxK, num_labels: int, base: BaseGraph, valid_len_B) -> BucketLayout:
+    """The bucket layout of every (batch, label head): `bucket_layout` vmapped, leaves [B, P, ...]."""
+    one = lambda lab, length: bucket_layout(lab, num_labels, base, length)  # noqa: E731
+    return jax.vmap(jax.vmap(one, in_axes=(0, None)))(labels_BxPxNxK, valid_len_B)
+
+
 def bucketed_attention(
     q_BxNxHxD,
     k_BxNxGxD,
@@ -427,6 +433,7 @@ def bucketed_attention(
     block: int = DEFAULT_BLOCK,
     reach: int | None = None,
     group_entries: int = GROUP_ENTRIES,
+    layout: BucketLayout | None = None,
 ):
     """Hard label attention that skips the disallowed pairs' work.
 
@@ -437,6 +444,8 @@ def bucketed_attention(
       block: entries per block. reach: key entries read on each side of a block (the planned capacity; default
         `default_reach`, for balanced buckets; wider tiers, up to the window radius, run when a range exceeds it).
         group_entries: entries per scan step (memory bound).
+      layout: `bucket_layouts(labels, num_labels, base, valid_len)` when already built (a prepared pattern), with
+        batch B or 1; None: built here.
 
     Returns:
       out [B, N, H, D], lse [B, N, H] (float32, -inf on padding; a row that reads a non-finite q, k or v gives
@@ -468,8 +477,8 @@ def bucketed_attention(
     labels = jnp.broadcast_to(labels_BxPxNxK, (b,) + labels_BxPxNxK.shape[1:]).astype(jnp.int32)
     vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32).reshape(b)
 
-    layout = lambda lab, length: bucket_layout(lab, num_labels, base, length)
-    lay = jax.vmap(jax.vmap(layout, in_axes=(0, None)))(labels, vl)
+    lay = bucket_layouts(labels, num_labels, base, vl) if layout is None else layout
+    lay = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape[1:]), lay)
     # One tier for the whole batch: `tier` must stay unbatched under the vmaps below, so that the switch runs one
     # branch (a batched index would run them all).
     reaches = fallback_reaches(reach, base.radius, n)
