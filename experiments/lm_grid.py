@@ -219,8 +219,8 @@ def _key(row: dict) -> tuple:
 
 def dense_row(path: str, config: str, cell: Cell) -> dict | None:
     """The newest dense row of the same config, n and seed (its budget is irrelevant: dense is unmatched)."""
-    rows = [r for r in read_rows(path) if (r.get("config"), r.get("n"), r.get("variant"), r.get("seed"))
-            == (config, cell.n, "dense", cell.seed)]
+    rows = [r for r in read_rows(path) if r.get("kind") == "lm" and "valid_bits_per_byte" in r
+            and (r.get("config"), r.get("n"), r.get("variant"), r.get("seed")) == (config, cell.n, "dense", cell.seed)]
     return rows[-1] if rows else None
 
 
