@@ -1,4 +1,4 @@
-"""ABCA attention core against dense attention, measured side by side in one run (issue 5 acceptance).
+"""ABCA attention core against dense attention, measured side by side in one run (the acceptance in docs/abca.md).
 
 Command (CPU, fp32; the table in docs/abca.md):
   python -m experiments.bench_abca
@@ -86,12 +86,13 @@ def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
         handshake="chain",
         handshake_steps=args.handshake_steps,
         max_anchors=None,
-        head_dim=HEAD_DIM,
-        heads=heads,
         slot_width=max_zone,
     )
-    row.flops = float(st["attn_flops"])
-    row.extra = dict(heads=heads, zone_cap=max_zone, **{k: float(v) for k, v in st.items()})
+    row.flops = 4.0 * HEAD_DIM * heads * n * float(st["keys_per_query"])  # B = 1, every token valid
+    ratios = {"flops_ratio": float(st["keys_per_query"]) / n}  # vs dense (n keys per query, bidirectional)
+    if "slot_keys_per_query" in st:
+        ratios["slot_flops_ratio"] = float(st["slot_keys_per_query"]) / n
+    row.extra = dict(heads=heads, zone_cap=max_zone, **{k: float(v) for k, v in st.items()}, **ratios)
     return row
 
 

@@ -8,11 +8,11 @@ FLOPs (the seed's "loss per training FLOP"):
 * dense parts: 6 * params * tokens per step (forward 2, backward 4 per parameter per token; every position of
   the padded sequence runs through the projections and MLPs). Embedding and head parameters are excluded
   (a lookup, and a head applied once per sequence).
-* attention: 3 * forward attention FLOPs (backward ~2x forward), forward = 4 * head_dim * (allowed query-key
-  pairs) summed over heads: QK^T and PV, 2 FLOPs per multiply-add. Pairs come from the pattern of each layer:
-  `patterns.pattern_stats` of a fixed-pattern layer (dense, local, Longformer, BigBird) on the batch's
-  valid lengths, the module's own count for ABCA (`abca/attn_flops`) and labels (`attention_flops`, the hard
-  pattern), and live tokens + surviving arcs for routing (each query attends itself and its routed partners).
+* attention: 3 * forward attention FLOPs (backward ~2x forward), forward = 4 * head_dim * (attended query-key
+  pairs) summed over heads: QK^T and PV, 2 FLOPs per multiply-add. Pairs come from the common statistic every
+  attention layer reports, `keys_per_query` (mean over valid queries and heads, docs/architecture.md,
+  "Statistics"): pairs = keys_per_query * heads * valid tokens, for baselines and mechanisms alike (ABCA counts
+  every pass, labels the pattern of the phase evaluated, i.e. the hard one, non-crossing self + routed partners).
   These are the pattern's algorithmic FLOPs, not what an executor runs (a dense reference executor computes
   every pair and masks). Measured on the validation set at each evaluation; training batches are drawn from
   the same generator, so the expected count per example is the same.
@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from sparse_attn import patterns
-from sparse_attn.modules import AttentionContext
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Buckets:
@@ -53,26 +52,16 @@ def dyck_buckets(n: int, min_distance: int = 16) -> Buckets:
     return Buckets(field="distance", edges=(*edges, n + 1))
 
 
-def layer_attention_flops(att_config, stats: dict, *, n: int, valid_len_B, heads: int, head_dim: int):
+def layer_attention_flops(stats: dict, *, valid_len_B, heads: int, head_dim: int):
     """Forward attention FLOPs of one layer on one batch, summed over examples and heads (float32 scalar).
 
-    `stats`: the layer's statistics without the `layer{i}/` prefix (as the model reports them).
+    `stats`: the layer's statistics without the `layer{i}/` prefix (as the model reports them); their common
+    `keys_per_query` is the mean over valid queries and heads, so pairs = keys_per_query * heads * valid tokens.
     """
-    if hasattr(att_config, "pattern"):  # fixed-pattern baselines: the pattern is a function of valid_len
-        def pairs(vl):
-            ctx = AttentionContext(valid_len=vl[None])
-            return patterns.pattern_stats(att_config.pattern(n, ctx), head_dim, heads=heads)["pairs"]
-
-        return 4.0 * head_dim * jnp.sum(jax.vmap(pairs)(valid_len_B))
-    if "abca/attn_flops" in stats:
-        return stats["abca/attn_flops"]
-    if "attention_flops" in stats:
-        return stats["attention_flops"]
-    if "arcs" in stats:  # routing: self + surviving arcs per (example, head); `arcs` is their mean
-        b = valid_len_B.shape[0]
-        live = jnp.sum(valid_len_B.astype(jnp.float32))
-        return 4.0 * head_dim * heads * (live + b * stats["arcs"])
-    raise ValueError(f"no attention FLOP count for {type(att_config).__name__} (stats: {sorted(stats)})")
+    if "keys_per_query" not in stats:
+        raise ValueError(f"no attention FLOP count: the layer reports no keys_per_query (stats: {sorted(stats)})")
+    live = jnp.sum(jnp.asarray(valid_len_B).astype(jnp.float32))
+    return 4.0 * head_dim * heads * stats["keys_per_query"] * live
 
 
 def classification_loss(model, batch: dict, step):
@@ -87,7 +76,7 @@ def classification_loss(model, batch: dict, step):
 def make_eval_fn(model_config, n: int, buckets: Buckets | None):
     """`eval_fn(model, batch, step) -> sums` for the loop, at the train state's step; `summarize` turns their
     batch means into metrics."""
-    layers = model_config.layer_attention()
+    num_layers = len(model_config.layer_attention())
     heads, head_dim = model_config.num_heads, model_config.model_dim // model_config.num_heads
 
     def eval_fn(model, batch: dict, step) -> dict:
@@ -107,10 +96,10 @@ def make_eval_fn(model_config, n: int, buckets: Buckets | None):
                 m[f"correct/{label}"] = jnp.sum(correct * inside)
                 m[f"count/{label}"] = jnp.sum(inside)
         dense = 4.0 * head_dim * heads * jnp.sum(vl.astype(jnp.float32) ** 2)
-        for i, att in enumerate(layers):
+        for i in range(num_layers):
             prefix = f"layer{i}/"
             stats = {k[len(prefix):]: v for k, v in out.stats.items() if k.startswith(prefix)}
-            flops = layer_attention_flops(att, stats, n=n, valid_len_B=vl, heads=heads, head_dim=head_dim)
+            flops = layer_attention_flops(stats, valid_len_B=vl, heads=heads, head_dim=head_dim)
             m[f"{prefix}attn_fwd_flops"] = full * flops
             m[f"{prefix}dense_fwd_flops"] = full * dense
             for k, v in stats.items():

@@ -8,7 +8,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput
+from sparse_attn.modules.base import (
+    COMMON_STATS,
+    AttentionConfig,
+    AttentionContext,
+    AttentionOutput,
+    attn_flops_vs_dense,
+)
 from sparse_attn.modules.pattern_attention import DenseAttention
 
 
@@ -37,11 +43,34 @@ class TransformerConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ModelOutput:
-    """logits; aux_loss: sum of every layer's weighted auxiliary losses; stats: per-layer scalars ("layer3/k")."""
+    """logits; aux_loss: sum of every layer's weighted auxiliary losses; stats: per-layer scalars, named by
+    `layer_stats` ("layer3/keys_per_query", "layer3/abca/anchors")."""
 
     logits: jax.Array
     aux_loss: jax.Array
     stats: dict
+
+
+def layer_stats(i: int, attention: AttentionConfig, att: AttentionOutput, ctx: AttentionContext) -> dict:
+    """Layer i's statistics and auxiliary losses under one naming scheme (docs/architecture.md, "Statistics"):
+    the common statistics as `layer{i}/{key}`, everything else as `layer{i}/{mechanism}/{key}` (the config's
+    `mechanism`; a config that declares none files them as `layer{i}/{key}`). Adds `attn_flops_vs_dense` from the
+    module's `keys_per_query`, so that every mechanism is compared with dense attention on one convention."""
+    mechanism = getattr(attention, "mechanism", None)
+    own = f"layer{i}/{mechanism}/" if mechanism else f"layer{i}/"
+    out = {}
+    if "attn_flops_vs_dense" in att.stats:
+        raise ValueError(f"layer {i} reports attn_flops_vs_dense itself: report keys_per_query, the model divides")
+    for name, val in (*att.stats.items(), *att.aux_losses.items()):
+        key = f"layer{i}/{name}" if name in COMMON_STATS else own + name
+        if key in out:
+            raise ValueError(f"layer {i} reports {key!r} twice (as a statistic and as an auxiliary loss)")
+        out[key] = jax.lax.stop_gradient(val)
+    if "keys_per_query" in att.stats:
+        out[f"layer{i}/attn_flops_vs_dense"] = attn_flops_vs_dense(
+            out[f"layer{i}/keys_per_query"], ctx.valid_len, causal=ctx.causal
+        )
+    return out
 
 
 class Block(nnx.Module):
@@ -78,12 +107,11 @@ class _Trunk(nnx.Module):
         x = self.embed(tokens_BxN) if embeddings is None else embeddings
         aux = jnp.zeros((), jnp.float32)
         stats = {}
-        for i, block in enumerate(self.blocks):
+        for i, (block, attention) in enumerate(zip(self.blocks, self.config.layer_attention(), strict=True)):
             x, att = block(x, ctx)
-            for name, val in att.aux_losses.items():
+            for val in att.aux_losses.values():
                 aux = aux + val
-                stats[f"layer{i}/{name}"] = val
-            stats.update({f"layer{i}/{k}": v for k, v in att.stats.items()})
+            stats.update(layer_stats(i, attention, att, ctx))
         return self.norm(x), aux, stats
 
 

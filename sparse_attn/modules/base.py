@@ -1,14 +1,15 @@
-"""The protocol every attention mechanism implements, and the shared Q/K/V/O projections.
+"""The protocol every attention mechanism implements, the shared Q/K/V/O projections and the common statistics.
 
-A mechanism is configured by a frozen dataclass with `make(model_dim, num_heads, *, rngs) -> nnx.Module`; the module
-is called as `module(x_BxNxD, ctx) -> AttentionOutput`. Models hold a per-layer tuple of such configs, so a new
-mechanism plugs in without editing them.
+A mechanism is configured by a frozen dataclass with `make(model_dim, num_heads, *, rngs) -> nnx.Module` and a
+`mechanism` class attribute naming it in statistics; the module is called as `module(x_BxNxD, ctx) -> AttentionOutput`.
+Models hold a per-layer tuple of such configs, so a new mechanism plugs in without editing them
+(docs/architecture.md, "One template per mechanism" and "Statistics").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +39,11 @@ class AttentionContext:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionOutput:
-    """y: [B, N, model_dim]; aux_losses: weighted scalar losses added to the objective; stats: logged scalars."""
+    """y: [B, N, model_dim]; aux_losses: weighted scalar losses added to the objective; stats: logged scalars.
+
+    Keys of `aux_losses` and `stats` are unprefixed ("anchors", not "layer0/abca/anchors"): the model prefixes them
+    in one place. Every module reports the common statistic `keys_per_query` (see `keys_per_query`).
+    """
 
     y: jax.Array
     aux_losses: dict = dataclasses.field(default_factory=dict)
@@ -46,7 +51,44 @@ class AttentionOutput:
 
 
 class AttentionConfig(Protocol):
+    mechanism: ClassVar[str]  # the name its statistics are filed under: "layer{i}/{mechanism}/{key}"
+
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> nnx.Module: ...
+
+
+# Statistics every attention layer reports under `layer{i}/{key}` (docs/architecture.md, "Statistics"): the module
+# reports `keys_per_query`; the model adds `attn_flops_vs_dense` on one convention for every mechanism.
+COMMON_STATS = ("keys_per_query", "attn_flops_vs_dense")
+
+
+def keys_per_query(keys_BxHxN: jax.Array, valid_len_B: jax.Array) -> jax.Array:
+    """float32: keys attended per query in this forward (self included when allowed), the mean over valid queries
+    and heads. `keys_BxHxN` broadcasts over batch and heads ([B|1, H|1, N]); entries at padded queries are ignored.
+
+    A mechanism with several attention passes (ABCA's handshake) counts the keys of every pass, so that
+    `keys_per_query * sum(valid_len) * heads * 4 * head_dim` is its forward attention FLOPs.
+    """
+    vl = jnp.asarray(valid_len_B, jnp.int32).reshape(-1)
+    keys = jnp.asarray(keys_BxHxN).astype(jnp.float32)
+    n = keys.shape[-1]
+    live = (jnp.arange(n)[None] < vl[:, None])[:, None, :]  # [B, 1, N]
+    per_query = jnp.sum(jnp.where(live, keys, 0.0), axis=1) / keys.shape[1]  # mean over heads: [B, N]
+    return jnp.sum(per_query) / jnp.maximum(jnp.sum(vl), 1).astype(jnp.float32)
+
+
+def dense_keys_per_query(valid_len_B: jax.Array, *, causal: bool) -> jax.Array:
+    """float32: `keys_per_query` of full attention on the same valid lengths: L bidirectional, (L + 1) / 2 causal
+    (weighted by each sequence's valid queries)."""
+    vl = jnp.asarray(valid_len_B, jnp.float32).reshape(-1)
+    pairs = jnp.sum(vl * (vl + 1.0) / 2.0 if causal else vl * vl)
+    return pairs / jnp.maximum(jnp.sum(vl), 1.0)
+
+
+def attn_flops_vs_dense(keys_per_query_: jax.Array, valid_len_B: jax.Array, *, causal: bool) -> jax.Array:
+    """float32: forward attention FLOPs relative to full attention (causal when the layer is) on the same valid
+    lengths; equal to allowed pairs / dense pairs (0 when no token is valid)."""
+    dense = dense_keys_per_query(valid_len_B, causal=causal)
+    return jnp.where(dense > 0, keys_per_query_ / jnp.maximum(dense, 1e-9), 0.0).astype(jnp.float32)
 
 
 class Projections(nnx.Module):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 from flax import nnx
 
 from sparse_attn import patterns
 from sparse_attn.attention import attention
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
+from sparse_attn.patterns.stats import key_counts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,6 +31,8 @@ class _PatternConfig:
 class DenseAttention(_PatternConfig):
     """Full attention (causal when the model is)."""
 
+    mechanism: ClassVar[str] = "dense"
+
     def pattern(self, n, ctx):
         return patterns.dense(n, causal=ctx.causal, valid_len=ctx.valid_len)
 
@@ -36,6 +40,8 @@ class DenseAttention(_PatternConfig):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalAttention(_PatternConfig):
     """Sliding window of `radius` tokens each side (causal: before)."""
+
+    mechanism: ClassVar[str] = "local"
 
     radius: int = 64
 
@@ -47,6 +53,8 @@ class LocalAttention(_PatternConfig):
 class LongformerAttention(_PatternConfig):
     """Sliding window plus the first `num_global` tokens as global tokens."""
 
+    mechanism: ClassVar[str] = "longformer"
+
     radius: int = 64
     num_global: int = 1
 
@@ -57,6 +65,8 @@ class LongformerAttention(_PatternConfig):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BigBirdAttention(_PatternConfig):
     """Window + global + `num_random` random key blocks per query block, fixed per layer by `seed`."""
+
+    mechanism: ClassVar[str] = "bigbird"
 
     radius: int = 64
     num_global: int = 1
@@ -78,7 +88,8 @@ class BigBirdAttention(_PatternConfig):
 
 
 class PatternAttention(nnx.Module):
-    """Projections -> sparse attention over `config.pattern(n, ctx)` -> output projection."""
+    """Projections -> sparse attention over `config.pattern(n, ctx)` -> output projection; reports the common
+    statistic `keys_per_query` of the pattern (no mechanism-specific ones)."""
 
     def __init__(self, config: _PatternConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         self.config = config
@@ -90,4 +101,6 @@ class PatternAttention(nnx.Module):
         q, k, v = self.proj.qkv(x_BxNxD)
         pattern = self.config.pattern(x_BxNxD.shape[1], ctx)
         o = attention(q, k, v, pattern, implementation=self.config.implementation)
-        return AttentionOutput(y=self.proj.out(o))
+        keys, _ = key_counts(pattern)
+        stats = {"keys_per_query": jax.lax.stop_gradient(keys_per_query(keys, ctx.valid_len))}
+        return AttentionOutput(y=self.proj.out(o), stats=stats)

@@ -6,29 +6,66 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.patterns import common
+from sparse_attn.patterns.abca.layer_pattern import ZonePattern
+from sparse_attn.patterns.intervals import Intervals
+from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.patterns.neighbours import NeighbourList
 
 _CHUNK = 256
 
 
+def _interval_counts(pattern: Intervals) -> tuple[jax.Array, jax.Array]:
+    """`key_counts` of an Intervals pattern without label bits in O(N): the range's length plus the valid global keys
+    outside it (a global query sees every valid key), so that a module can report it on every forward."""
+    n = pattern.num_tokens
+    i = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, n)
+    vl = jnp.full((1,), n, jnp.int32) if pattern.valid_len is None else pattern.valid_len
+    vl = vl.reshape(-1, 1, 1)
+    lo, hi = pattern.bounds()
+    g = jnp.zeros((1, 1, n), bool) if pattern.global_tokens is None else pattern.global_tokens[:, None, :]
+    shape = jnp.broadcast_shapes(lo.shape, vl.shape, g.shape)
+    lo, hi, g, vl = (jnp.broadcast_to(a, shape) for a in (lo, hi, g, vl))
+    live = i < vl
+    g = g & live
+    last = jnp.minimum(vl - 1, i) if pattern.causal else vl - 1  # the last key a row may see
+    lo, hi = jnp.maximum(lo, 0), jnp.minimum(hi, last)
+    cum = jnp.concatenate([jnp.zeros(shape[:2] + (1,), jnp.int32), jnp.cumsum(g, -1, dtype=jnp.int32)], -1)
+    upto = lambda x: jnp.take_along_axis(cum, jnp.clip(x + 1, 0, n), -1)  # noqa: E731  (globals in [0, x])
+    in_range = jnp.maximum(hi - lo + 1, 0)
+    globals_outside = upto(last) - jnp.where(hi >= lo, upto(hi) - upto(lo - 1), 0)
+    keys = jnp.where(g, last + 1, in_range + globals_outside)
+    self_ok = live & (g | ((lo <= i) & (i <= hi)))
+    return jnp.where(live, keys, 0).astype(jnp.int32), self_ok
+
+
 def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
     """(keys, self_allowed): int32[B', H', N] allowed keys per query and bool[B', H', N] whether self is allowed.
 
-    Intervals and block layouts are evaluated chunk by chunk (O(N * chunk) memory), never as one N x N mask.
+    Neighbour lists count their valid slots; Intervals without label bits (and ABCA's `ZonePattern`) use a closed
+    form, O(N); other Intervals, block layouts and label patterns are evaluated chunk by chunk (O(N * chunk)
+    memory), never as one N x N mask.
     """
     if isinstance(pattern, NeighbourList):
         keys = jnp.sum(pattern.valid, axis=-1, dtype=jnp.int32)
         n = pattern.num_tokens
         self_ok = jnp.any(pattern.valid & (pattern.idx == jnp.arange(n).reshape(1, 1, n, 1)), axis=-1)
         return keys, self_ok
+    if isinstance(pattern, ZonePattern):
+        pattern = pattern.intervals()
+    if isinstance(pattern, Intervals) and pattern.label_bits is None:
+        return _interval_counts(pattern)
     n = pattern.num_tokens
     chunk = min(_CHUNK, n)
     nchunks = -(-n // chunk)
+    if isinstance(pattern, LabelPattern):  # its `allowed` takes flat positions: bool[B', H', Q, K]
+        allowed = lambda q, k: pattern.allowed(q[0, 0, 0], k[0, 0, 0])[:, :, None]  # noqa: E731
+    else:
+        allowed = pattern.allowed
     k_pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, 1, n)
 
     def one(c):
         q_pos = (c * chunk + jnp.arange(chunk, dtype=jnp.int32)).reshape(1, 1, 1, chunk)
-        ok = pattern.allowed(jnp.minimum(q_pos, n - 1), k_pos)[:, :, 0]  # [B', H', chunk, N]
+        ok = allowed(jnp.minimum(q_pos, n - 1), k_pos)[:, :, 0]  # [B', H', chunk, N]
         diag = jnp.take_along_axis(ok, jnp.minimum(q_pos[0, 0, 0], n - 1)[None, None, :, None], axis=-1)[..., 0]
         return jnp.sum(ok, axis=-1, dtype=jnp.int32), diag
 

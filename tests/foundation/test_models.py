@@ -1,4 +1,5 @@
-"""Models: forward and one optimizer step with every baseline attention; LM causality through gradients."""
+"""Models: forward and one optimizer step with every baseline attention; LM causality through gradients; every
+mechanism's common statistics under one naming scheme."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +8,22 @@ import optax
 import pytest
 from flax import nnx
 
+from sparse_attn import patterns as P
 from sparse_attn.models import TransformerClassifier, TransformerConfig, TransformerLM
-from sparse_attn.modules import BigBirdAttention, DenseAttention, LocalAttention, LongformerAttention
+from sparse_attn.models.transformer import layer_stats
+from sparse_attn.modules import (
+    AnchorAttentionConfig,
+    BigBirdAttention,
+    DenseAttention,
+    LabelAttentionConfig,
+    LocalAttention,
+    LongformerAttention,
+    NoncrossingAttentionConfig,
+)
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, dense_keys_per_query, keys_per_query
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.labels import BaseGraph, LabelPattern
+from sparse_attn.patterns.stats import key_counts
 
 N, V = 32, 40
 BASELINES = {
@@ -31,25 +46,34 @@ def tokens(seed=0):
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_lm_and_classifier_train_one_step(name):
     t = tokens()
+    valid_len = jnp.array([N, 20])
     for model_cls in (TransformerLM, TransformerClassifier):
         model = model_cls(config(BASELINES[name]), rngs=nnx.Rngs(0))
         opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
 
         def loss_fn(m):
-            out = m(t, valid_len=jnp.array([N, 20]))
+            out = m(t, valid_len=valid_len)
             if isinstance(m, TransformerLM):
-                return optax.softmax_cross_entropy_with_integer_labels(out.logits[:, :-1], t[:, 1:]).mean()
-            return optax.softmax_cross_entropy_with_integer_labels(out.logits, jnp.array([0, 1])).mean()
+                return optax.softmax_cross_entropy_with_integer_labels(out.logits[:, :-1], t[:, 1:]).mean(), out.stats
+            return optax.softmax_cross_entropy_with_integer_labels(out.logits, jnp.array([0, 1])).mean(), out.stats
 
         @nnx.jit
         def step(m, o):
-            loss, grads = nnx.value_and_grad(loss_fn)(m)
+            (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(m)
             o.update(m, grads)
-            return loss
+            return loss, stats
 
-        l0 = step(model, opt)
-        l1 = loss_fn(model)
+        l0, stats = step(model, opt)
+        l1, _ = loss_fn(model)
         assert np.isfinite(l0) and float(l1) < float(l0)
+        # The common statistics: the pattern's keys per valid query (its dense oracle), vs dense of the same causality.
+        causal = model_cls is TransformerLM
+        mask = np.asarray(BASELINES[name].pattern(N, AttentionContext(valid_len=valid_len, causal=causal)).to_dense())
+        kpq = float(keys_per_query(mask.sum(-1), valid_len))
+        dense = (N * (N + 1) / 2 + 20 * 21 / 2) / (N + 20) if causal else (N * N + 20 * 20) / (N + 20)
+        assert set(stats) == {f"layer{i}/{k}" for i in (0, 1) for k in ("keys_per_query", "attn_flops_vs_dense")}
+        assert float(stats["layer1/keys_per_query"]) == pytest.approx(kpq, rel=1e-6)
+        assert float(stats["layer1/attn_flops_vs_dense"]) == pytest.approx(kpq / dense, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["dense", "local", "longformer", "bigbird"])
@@ -83,3 +107,61 @@ def test_classifier_ignores_padding():
     a = model(t, valid_len=jnp.array([20, 20])).logits
     b = model(t2, valid_len=jnp.array([20, 20])).logits
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+
+MECHANISMS = (
+    *BASELINES.values(),
+    AnchorAttentionConfig(placement="fixed", interval=6, max_zone=8),
+    LabelAttentionConfig(num_labels=8, radius=6, phase="hard"),
+    NoncrossingAttentionConfig(num_route_layers=2),
+)
+
+
+def test_layer_stats_file_common_keys_by_layer_and_the_rest_by_mechanism():
+    assert len({att.mechanism for att in MECHANISMS}) == len(MECHANISMS)  # every config declares its own name
+    ctx = AttentionContext(valid_len=jnp.array([8, 4]))
+    att = AttentionOutput(y=jnp.zeros(()), aux_losses={"placement": 0.5}, stats={"keys_per_query": 3.0, "anchors": 2.0})
+    st = layer_stats(3, MECHANISMS[4], att, ctx)
+    dense = (8 * 8 + 4 * 4) / 12  # bidirectional: L keys per valid query
+    assert st == pytest.approx({"layer3/keys_per_query": 3.0, "layer3/attn_flops_vs_dense": 3.0 / dense,
+                                "layer3/abca/anchors": 2.0, "layer3/abca/placement": 0.5})  # fmt: skip
+
+    class Undeclared:  # a config without `mechanism` files its own statistics under the layer
+        pass
+
+    assert set(layer_stats(0, Undeclared(), att, ctx)) == {
+        "layer0/keys_per_query", "layer0/attn_flops_vs_dense", "layer0/anchors", "layer0/placement"
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="twice"):
+        layer_stats(0, MECHANISMS[4], AttentionOutput(y=att.y, aux_losses={"x": 1.0}, stats={"x": 1.0}), ctx)
+    with pytest.raises(ValueError, match="the model divides"):
+        layer_stats(0, MECHANISMS[4], AttentionOutput(y=att.y, stats={"attn_flops_vs_dense": 1.0}), ctx)
+
+
+def test_key_counts_closed_form_equals_the_dense_oracle():
+    """The O(N) count of Intervals (what baselines report every forward) and ABCA's / label patterns' counts."""
+    vl = jnp.array([13, 7, 16], jnp.int32)
+    g = jnp.zeros((1, 16), bool).at[0, jnp.array([2, 9, 14])].set(True)
+    zones = abca.compute_zones(abca.enforce_zone_cap(abca.fixed_interval_anchors(3, 16, 5), vl, 6)[0], vl)
+    labels = jax.random.randint(jax.random.PRNGKey(0), (3, 2, 16, 2), 0, 8)
+
+    @jax.jit
+    def counts_and_masks():
+        out = []
+        for causal in (False, True):
+            for p in (
+                P.dense(16, causal=causal, valid_len=vl),
+                P.sliding_window(16, 3, causal=causal),
+                P.longformer(16, 2, 2, causal=causal, valid_len=vl),
+                P.longformer(16, 2, g, causal=causal, valid_len=vl),
+                abca.ZonePattern(zones, stage="layer", causal=causal, max_zone=6),
+                LabelPattern.from_labels(labels, 8, base=BaseGraph(radius=3, causal=causal), valid_len=vl),
+            ):
+                out.append((*key_counts(p), p.to_dense()))
+        return out
+
+    for keys, self_ok, mask in counts_and_masks():
+        mask = np.asarray(mask)
+        np.testing.assert_array_equal(keys, np.broadcast_to(mask.sum(-1), keys.shape))
+        np.testing.assert_array_equal(self_ok, np.broadcast_to(np.diagonal(mask, axis1=-2, axis2=-1), keys.shape))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from flax import nnx
 
@@ -34,6 +35,8 @@ class AnchorAttentionConfig:
       num_kv_heads: KV heads (grouped-query attention; default num_heads). Anchor states stay per query head; an
         anchor's zone key/value for a group re-projects its heads' states.
     """
+
+    mechanism: ClassVar[str] = "abca"
 
     placement: str = "fixed"
     interval: int = 64

@@ -39,7 +39,8 @@ def check_options(
     implementation: str | None,
     slot_width: int | None,
 ) -> None:
-    """The static options of the core (the config calls this once; the core again for direct callers)."""
+    """The static options of the core: checked once, by `AnchorAttentionConfig` for the layer and by `abca_core`
+    for direct callers (the layer calls `run_abca_core`, which checks nothing)."""
     if max_zone < 1:
         raise ValueError(f"max_zone must be >= 1, got {max_zone}")
     if handshake not in ("chain", "global"):
@@ -99,7 +100,7 @@ def abca_core(
       (out [B, N, H, D], info): info holds `handshake_overflow` int32[B] and, for "packed", `slots_used` int32[B].
     """
     _check_arrays(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, zones)
-    check_options(
+    opts = dict(
         max_zone=max_zone,
         handshake=handshake,
         handshake_steps=handshake_steps,
@@ -107,6 +108,30 @@ def abca_core(
         implementation=implementation,
         slot_width=slot_width,
     )
+    check_options(**opts)
+    qkv = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD)
+    return run_abca_core(*qkv, zones, proj, causal=causal, gate_BxN=gate_BxN, scale=scale, **opts)
+
+
+def run_abca_core(
+    q_BxNxHxD: jax.Array,
+    k_BxNxGxD: jax.Array,
+    v_BxNxGxD: jax.Array,
+    zones: Zones,
+    proj: AnchorProjections,
+    *,
+    max_zone: int,
+    causal: bool,
+    handshake: str,
+    handshake_steps: int,
+    max_anchors: int | None,
+    gate_BxN: jax.Array | None,
+    scale: float | None,
+    implementation: str | None,
+    slot_width: int | None,
+) -> tuple[jax.Array, dict]:
+    """`abca_core` on inputs that are valid by construction: the layer, whose config checked the options once
+    (`check_options` in `AnchorAttentionConfig`) and whose projections and zones have the right shapes."""
     impl = implementation or default_implementation(None, ZonePattern)
     q, k, v = q_BxNxHxD, k_BxNxGxD, v_BxNxGxD
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -152,10 +177,19 @@ def _positional_handshake(s, zones, proj, *, groups, impl, causal, handshake, st
     return s, proj.key(s, pos, groups), proj.value(s, pos, groups)
 
 
+# Below this many positions one page holds every possible anchor: the many-page branch (a second copy of the
+# handshake and its backward pass) then is not compiled at all, and a page of <= 128 ranks costs little
+# (docs/abca.md, "Compile time").
+ONE_PAGE_UP_TO = 128
+
+
 def handshake_page(n: int, max_zone: int, max_anchors: int | None) -> int:
-    """Anchors per handshake page: `max_anchors`, else 4 ceil(n / max_zone) (4x the fewest anchors possible), so
-    that one page holds every anchor in the common case; more anchors take more pages (exact, O(k) work)."""
-    return min(n, max_anchors if max_anchors is not None else 4 * math.ceil(n / max_zone))
+    """Anchors per handshake page: `max_anchors`, else 4 ceil(n / max_zone) (4x the fewest anchors possible) but at
+    least min(n, ONE_PAGE_UP_TO), so that one page holds every anchor in the common case; more anchors take more
+    pages (exact, O(k) work)."""
+    if max_anchors is not None:
+        return min(n, max_anchors)
+    return min(n, max(4 * math.ceil(n / max_zone), ONE_PAGE_UP_TO))
 
 
 def _paged_handshake(s, zones, proj, *, groups, max_zone, causal, handshake, steps, max_anchors, scale):

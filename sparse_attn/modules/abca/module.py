@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from flax import nnx
 
 from sparse_attn.executors.abca.anchors import AnchorProjections
-from sparse_attn.modules.abca.core import abca_core
+from sparse_attn.modules.abca.core import run_abca_core
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.patterns import abca
@@ -83,7 +83,7 @@ class AnchorAttention(nnx.Module):
         anchor_proj = AnchorProjections(
             self.anchor_wq[...], self.anchor_wk[...], self.anchor_wv[...], rope_base=cfg.rope_base
         )
-        o, info = abca_core(
+        o, info = run_abca_core(
             q,
             k,
             v,
@@ -95,6 +95,7 @@ class AnchorAttention(nnx.Module):
             handshake_steps=cfg.handshake_steps,
             max_anchors=cfg.max_anchors,
             gate_BxN=gate,
+            scale=None,
             implementation=cfg.implementation,
             slot_width=cfg.slot_width,
         )
@@ -107,10 +108,8 @@ class AnchorAttention(nnx.Module):
             handshake=cfg.handshake,
             handshake_steps=cfg.handshake_steps,
             max_anchors=cfg.max_anchors,
-            head_dim=q.shape[-1],
-            heads=q.shape[2],
             slot_width=cfg.slot_width or cfg.max_zone,  # used when the core reports `slots_used` ("packed")
         )
-        stats = {f"abca/{k}": jax.lax.stop_gradient(v) for k, v in stats.items()}
-        aux_losses = {} if aux is None else {"abca/placement": aux}
+        stats = jax.tree.map(jax.lax.stop_gradient, stats)
+        aux_losses = {} if aux is None else {"placement": aux}
         return AttentionOutput(y=y, aux_losses=aux_losses, stats=stats)

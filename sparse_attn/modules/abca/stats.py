@@ -1,4 +1,4 @@
-"""Per-batch ABCA statistics (SPEC §1): k, zone sizes, inserted anchors, overflow, attention FLOPs vs dense."""
+"""Per-batch ABCA statistics (docs/abca.md, "Statistics"): k, zone sizes, inserted anchors, overflow, keys per query."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def abca_stats(
     handshake: str,
     handshake_steps: int,
     max_anchors: int | None,
-    head_dim: int,
-    heads: int,
     slot_width: int | None = None,
 ) -> dict:
-    """Scalars (floats) for logging; FLOPs are forward attention FLOPs, 4 * pairs * head_dim per head."""
+    """Scalars (float32) for logging, unprefixed. `keys_per_query` counts the keys of every pass (stage 1, each
+    handshake step, stage 3) per valid query, so that it times 4 * head_dim * heads * valid tokens is the forward
+    attention FLOPs; `slot_keys_per_query` is what the packed slots compute (their tiles, masked or not)."""
     pos = jnp.arange(zones.num_tokens, dtype=jnp.int32)[None]
     live = pos < zones.valid_len[:, None]
     anchors, tokens = live & zones.is_anchor, live & ~zones.is_anchor
@@ -52,17 +52,14 @@ def abca_stats(
         + _range_pairs(z_lo, z_hi, tokens)
         + handshake_steps * jnp.sum(_handshake_pairs(zones.num_anchors, causal, handshake, max_anchors))
     )
-    per_pair = 4.0 * head_dim * heads
-    dense = per_pair * jnp.sum(zones.valid_len.astype(jnp.float32) ** 2)
+    queries = jnp.maximum(jnp.sum(zones.valid_len), 1).astype(jnp.float32)
     out = dict(abca.zone_stats(zones))
     out.update(
         inserted_anchors=jnp.mean(inserted_B.astype(jnp.float32)),
         handshake_overflow=jnp.sum(info.get("handshake_overflow", jnp.zeros(()))).astype(jnp.float32),
-        attn_flops=per_pair * pairs,
-        dense_flops=dense,
-        flops_ratio=per_pair * pairs / jnp.maximum(dense, 1.0),
+        keys_per_query=pairs / queries,
     )
     if "slots_used" in info and slot_width is not None:
         slot_pairs = jnp.sum(info["slots_used"]).astype(jnp.float32) * slot_width * (slot_width + 1)
-        out["slot_flops_ratio"] = per_pair * slot_pairs / jnp.maximum(dense, 1.0)
+        out["slot_keys_per_query"] = slot_pairs / queries
     return {k: v.astype(jnp.float32) for k, v in out.items()}
