@@ -10,6 +10,7 @@ from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
+from sparse_attn.modules.noncrossing.core import EdgeMLP, edge_mlp_attention
 from sparse_attn.patterns.neighbours import NeighbourList
 from sparse_attn.patterns.noncrossing import diagram_np as dn
 from tests.noncrossing import tl_oracles
@@ -36,7 +37,8 @@ def _route_and_pattern(m, x, vl):
 
 
 def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
-    """Independent host simulation of §A4.3: defect lists, local max on the list, generators by walking cups."""
+    """Independent host simulation of the defect-pair router (docs/noncrossing.md, "Routers"): defect lists, local
+    max on the list, generators by walking cups."""
     p = dn.identity(n)
     cap_score = {}
     for t in range(u.shape[1]):
@@ -173,7 +175,8 @@ def test_classifier_with_one_routing_layer_trains_one_step():
         return jnp.mean(jax.nn.logsumexp(out.logits, -1) - out.logits[:, 0]), out.stats
 
     (val, st), g = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
-    assert np.isfinite(float(val)) and "layer1/arcs" in st and "layer1/nesting_depth" in st
+    assert np.isfinite(float(val)) and "layer1/noncrossing/arcs" in st and "layer1/noncrossing/nesting_depth" in st
+    assert 1.0 <= float(st["layer1/keys_per_query"]) <= 3.0  # self + at most two routed partners
     assert float(jnp.abs(g.blocks[1].attn.scorer.proj.kernel[...]).sum()) > 0
 
 
@@ -203,7 +206,8 @@ def test_edge_mlp_attention_equals_dense_reference():
     q, k, v = m.proj.qkv(x)
     routed, nl = _route_and_pattern(m, x, vl)
     nl = NeighbourList(*(jnp.asarray(a) for a in (nl.idx, nl.valid, nl.bias)))
-    got = np.asarray(jax.jit(m._edge_mlp_attention)(q, k, v, nl))
+    edge = EdgeMLP(m.edge_w1[...], m.edge_w2[...])
+    got = np.asarray(jax.jit(edge_mlp_attention)(q, k, v, nl, edge))
     w1, w2 = np.asarray(m.edge_w1[...]), np.asarray(m.edge_w2[...])
     dense_bias = np.asarray(nl.dense_bias())  # [B, H, N, N], -inf where not allowed
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))

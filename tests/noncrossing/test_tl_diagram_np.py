@@ -1,4 +1,4 @@
-"""Host TL diagrams: enumeration, composition, homomorphism, invariants, brick walls (math_spec §A2, §A4.1, §A5)."""
+"""Host TL diagrams: enumeration, composition, homomorphism, invariants, brick walls (docs/noncrossing.md, "Tests")."""
 
 import itertools
 import math
@@ -141,7 +141,7 @@ def test_rank_histogram_is_squared_link_state_counts(n):
 
 
 def _closed_form(n, T, start):
-    """Table of math_spec §A4.1: (through, caps, cups) as sets."""
+    """The brick-wall closed forms (docs/noncrossing.md, "Tests"): (through, caps, cups) as sets."""
     ev = {(a, a + 1) for a in range(0, n - 1, 2)}  # (0,1),(2,3),...
     od = {(a, a + 1) for a in range(1, n - 1, 2)}  # (1,2),(3,4),...
     if n % 2 == 0 and start == "even":

@@ -1,4 +1,4 @@
-"""Jones normal form: bijection, shortlex minimality, length bound, invalid input (math_spec §A1.2, §A1.4)."""
+"""Jones normal form: bijection, shortlex minimality, length bound, invalid input (docs/noncrossing.md, "Tests")."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""Rewriting: soundness of every rule, A–D reduces to the NF, non-confluence of the length-3 rules (§A1.3, §A5)."""
+"""Rewriting: soundness of every rule, A–D reduces to the NF, non-confluence of the length-3 rules
+(docs/noncrossing.md, "Tests")."""
 
 import itertools
 
@@ -82,7 +83,7 @@ def test_short_rule_system_misses_nf_on_some_words_n5():
         for length in range(8)
         for w in itertools.product(range(n - 1), repeat=length)
     )
-    assert misses == 3024  # math_spec §A1.3, counted there by an independent implementation
+    assert misses == 3024  # counted by an independent implementation (docs/noncrossing.md, "Tests")
 
 
 def test_seed_one_pass_is_sound():

@@ -1,4 +1,4 @@
-"""Layered construction, defect-pair layers, local-max selection, key rows, doubling (math_spec §A3–A4, §A5 8–10)."""
+"""Layered construction, defect-pair layers, local-max selection, key rows, doubling (docs/noncrossing.md, "Tests")."""
 
 import itertools
 

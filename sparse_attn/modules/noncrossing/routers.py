@@ -17,7 +17,8 @@ from sparse_attn.patterns.noncrossing import defect_pairs, diagram_jax, diagram_
 
 
 def defect_pair_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0) -> dict:
-    """math_spec §A4.3 default: layer t scores adjacent unmatched strands and closes local-max pairs."""
+    """The default router (docs/noncrossing.md, "Routers"): layer t scores adjacent unmatched strands and closes
+    local-max pairs, so layer t closes the brackets of height t."""
     m, num_layers = u_MxTxR.shape[:2]
 
     def score(t, nxt_M):
@@ -32,7 +33,7 @@ def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float
     """The seed-literal ablation: layer t scores positions (i, i+1) and applies the k best local-max generators.
 
     After the first layer the strands that e_i joins are no longer tokens i and i+1, so this router cannot build
-    nested brackets on purpose (math_spec §A4.3); it exists for comparison.
+    nested brackets on purpose (docs/noncrossing.md, "Routers"); it exists for comparison.
     """
     m, num_layers = u_MxTxR.shape[:2]
     pos = jnp.arange(m - 1, dtype=jnp.int32)
@@ -61,7 +62,8 @@ def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float
 
 
 def brick_wall_router(m: int, depth: int, start: str = "even") -> dict:
-    """The fixed alternating pattern (no parameters): ring-local attention of radius 1 (math_spec §A4.1)."""
+    """The fixed alternating pattern (no parameters): ring-local attention of radius 1 (docs/noncrossing.md,
+    "Routers")."""
     word = diagram_np.brick_wall_word(m, depth, start)
     p, loops = diagram_np.word_to_diagram(np.array(word, np.int64), m)
     return dict(
