@@ -21,6 +21,7 @@ class NoncrossingAttentionConfig:
       router: "defect_pair" (default), "brick_wall" (fixed, no parameters) or "adjacent_topk" (ablation).
       num_route_layers: T routing layers. The defect-pair router closes one bracket level per layer, so it matches
         brackets nested at most T deep; choose T >= the task's nesting depth (docs/noncrossing.md, "Routing depth").
+        The default 10 covers the generated ListOps (depth <= 9) and Dyck-(8, 10) (depth <= 10).
       router_dim: hidden width r of the pair MLP.
       tau: local-max threshold on scores (a pair needs s > tau).
       doubled: route in TL_{2n} with two half-points per token, so unmatched tokens can sit inside brackets.
@@ -34,7 +35,7 @@ class NoncrossingAttentionConfig:
     mechanism: ClassVar[str] = "noncrossing"
 
     router: str = "defect_pair"
-    num_route_layers: int = 4
+    num_route_layers: int = 10
     router_dim: int = 8
     tau: float = 0.0
     doubled: bool = False
