@@ -282,7 +282,8 @@ def report(rows: list[dict]) -> str:
         ratio = [r["attn_vs_dense"] for r in rs if r.get("attn_vs_dense") is not None]
         target = "–" if variant == "dense" else f"{budget:g}"
         lines.append(f"| {config} | {n} | {variant} | {target}, {keys:.1f} | {len(rs)} | {bpb:.4f} | {gap} | "
-                     f"{mean(ratio):.2f} | {mean(tok):,.0f} | {mean(peak):.1f} | `{rs[0].get('command', '')}` |")
+                     f"{mean(ratio):.2f} | {f'{mean(tok):,.0f}' if tok else '–'} | {f'{mean(peak):.1f}' if peak else '–'} | "
+                     f"`{rs[0].get('command', '')}` |")
     return "\n".join(lines)
 
 
