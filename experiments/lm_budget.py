@@ -1,7 +1,7 @@
 """Equal attention budgets for the causal LM: each mechanism's window / zone / label parameters for a target number
 of allowed keys per query (allowed (query, key) pairs / tokens, self included; causal dense has (n + 1) / 2).
 
-    attention_for_budget("labels_d8k2", n=256, keys_per_query=32)   # -> LabelAttentionConfig(radius=...)
+    attention_for_budget("labels", n=256, keys_per_query_target=24)   # -> LabelAttentionConfig(radius=53, ...)
 
 How each mechanism's keys per query is counted (`keys_per_query`), on full sequences of length n:
 * dense, local, Longformer, BigBird: exactly, `patterns.pattern_stats` of the layer's pattern.
@@ -11,7 +11,7 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
   cannot be met (an error says so). Learned placement: counted as before training, when the score head places no
   anchor and the cap inserts one every `max_zone` tokens; trained anchors can only shorten zones, so this is the
   learned run's upper bound, and its measured `keys_per_query` during training is in the results.
-* Labels: the pattern depends on the router. The convention is the *expected* count under independent uniform
+* Labels (landmarks every `radius`, counted in H in closed form): the pattern depends on the router. The convention is the *expected* count under independent uniform
   k-of-d labels: 1 + (keys of the base graph H besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k)
   (`patterns.labels.stats.p_share`). The balance loss pushes towards uniform buckets, but a trained router
   correlates neighbours' labels, so the trained count differs; the training statistics report it
