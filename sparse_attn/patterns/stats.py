@@ -97,6 +97,8 @@ def pattern_stats(pattern, head_dim: int, *, batch: int = 1, heads: int = 1) -> 
     pairs = jnp.sum(keys.astype(jnp.float32)) * rep
     others = keys - self_ok.astype(jnp.int32)
     valid_len = getattr(getattr(pattern, "mask", pattern), "valid_len", None)
+    if isinstance(pattern, ZonePattern):
+        valid_len = pattern.zones.valid_len
     live = jnp.ones_like(keys, bool) if valid_len is None else jnp.arange(n).reshape(1, 1, n) < valid_len.reshape(-1, 1, 1)
     return dict(
         pairs=pairs,
