@@ -27,7 +27,9 @@ class AnchorAttentionConfig:
         the handshake page of the "packed" core (default 4 ceil(n / max_zone)); more anchors take more pages (exact).
       boundary_ids: learned placement's BCE target: positions whose token is one of these.
       placement_loss_weight: weight of that loss in `aux_losses`.
-      straight_through: learned placement also gets gradients through the anchor decisions (ST estimator).
+      straight_through: learned placement also gets gradients from the task loss through the anchor decisions (ST
+        estimator). On by default: without `boundary_ids` it is the score head's only training signal
+        (docs/abca.md, "Placement and the zone cap", measured on a toy task).
       implementation: None (the platform default: "packed"), "packed" (anchor gather key-major, zones in slots),
         "xla" or "pallas" (stages 1 and 3 as Intervals through the block-gather XLA executor or the Pallas
         kernels), or "reference" (dense oracle): the executors registered for `patterns.abca.ZonePattern`.
@@ -48,7 +50,7 @@ class AnchorAttentionConfig:
     max_anchors: int | None = None
     boundary_ids: tuple[int, ...] = ()
     placement_loss_weight: float = 0.1
-    straight_through: bool = False
+    straight_through: bool = True
     score_bias_init: float = -2.0
     implementation: str | None = None
     slot_width: int | None = None
