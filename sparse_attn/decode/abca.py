@@ -21,14 +21,15 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from sparse_attn.decode.attend import cache_bytes, project
 from sparse_attn.decode.registry import DecodeContext, register_decoder
 from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.abca.module import AnchorAttention
 from sparse_attn.patterns import abca, common
-from sparse_attn.rope import apply_rope
+
+__all__ = ["AbcaCache", "cache_bytes", "init_cache", "step"]  # cache_bytes: the shared helper, re-exported
 
 
 @jax.tree_util.register_dataclass
@@ -100,11 +101,6 @@ def init_cache(module: AnchorAttention, batch: int, max_len: int, dtype=jnp.floa
     )
 
 
-def cache_bytes(cache) -> int:
-    """Bytes of a cache pytree (arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`)."""
-    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
-
-
 def _attend(q_BxHxD, k_BxKxGxD, v_BxKxGxD, allowed_BxK, scale: float):
     """One query per row against K keys of its KV group, masked; fp32 scores and weights."""
     b, h, d = q_BxHxD.shape
@@ -114,18 +110,6 @@ def _attend(q_BxHxD, k_BxKxGxD, v_BxKxGxD, allowed_BxK, scale: float):
     p, _ = masked_softmax(s, allowed_BxK[:, None, None, :])
     o = jnp.einsum("bgrk,bkgd->bgrd", p, v_BxKxGxD.astype(jnp.float32))
     return o.reshape(b, h, d)
-
-
-def _project(module: AnchorAttention, x_Bx1xD, pos_Bx1):
-    """q [B, H, D], k, v [B, G, D] of one token, RoPE at its absolute position (as `Projections.qkv` does)."""
-    proj = module.proj
-    b = x_Bx1xD.shape[0]
-    q = proj.wq(x_Bx1xD).reshape(b, 1, proj.num_heads, proj.head_dim)
-    k = proj.wk(x_Bx1xD).reshape(b, 1, proj.num_kv_heads, proj.head_dim)
-    v = proj.wv(x_Bx1xD).reshape(b, 1, proj.num_kv_heads, proj.head_dim)
-    if proj.rope_base is not None:
-        q, k = apply_rope(q, pos_Bx1, proj.rope_base), apply_rope(k, pos_Bx1, proj.rope_base)
-    return q[:, 0], k[:, 0], v[:, 0]
 
 
 def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeContext):
@@ -204,7 +188,7 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
     pos_Bx1 = jnp.full((b, 1), t)
     scale = 1.0 / math.sqrt(proj.head_dim)
     bi = jnp.arange(b)
-    q, k, v = _project(module, x_Bx1xD, pos_Bx1)
+    q, k, v = project(proj, x_Bx1xD, t)
     is_anchor, placed, gate = _placement(module, x_Bx1xD, cache, ctx)
     row = jnp.arange(z)[None]
     off = t - cache.left  # interval token: its row in the zone; anchor: rows of the closing zone (<= max_zone)
