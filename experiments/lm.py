@@ -71,10 +71,23 @@ def _abca(window: int, impl: str | None):
 ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels", "abca")
 
 
-def attention_by_name(name: str, seq_len: int):
-    """The mechanisms available to `--attention`. On CPU at short lengths the dense masked
-    reference executor is the fastest implementation, so the CPU configs pin it."""
-    impl = "reference" if jax.default_backend() == "cpu" else None
+# The implementation each mechanism runs on CPU when none is asked for: "reference" (dense masked) only where it
+# was faster than the default executor at the smoke shapes in `python -m experiments.bench_lm_step`. Measured
+# (experiments/results/bench_lm_step_runs.md): the default was faster for dense (1.3-1.8x), ABCA (1.8-3.1x) and
+# BigBird (1.1x); local and Longformer flipped between runs on the shared machine, so nothing is pinned.
+# Labels have no implementation option. Accelerators use None.
+CPU_IMPLEMENTATION = {"dense": None, "local": None, "longformer": None, "bigbird": None, "abca": None}
+AUTO = "auto"
+
+
+def pinned_implementation(name: str) -> str | None:
+    """The implementation `attention_by_name` gives mechanism `name` on this backend."""
+    return CPU_IMPLEMENTATION.get(name) if jax.default_backend() == "cpu" else None
+
+
+def attention_by_name(name: str, seq_len: int, implementation: str | None = AUTO):
+    """The mechanisms available to `--attention`; `implementation=AUTO` takes `pinned_implementation(name)`."""
+    impl = pinned_implementation(name) if implementation == AUTO else implementation
     window = max(seq_len // 4, 1)
     table = {
         "dense": lambda: DenseAttention(implementation=impl),
@@ -149,7 +162,7 @@ def eval_fn(model: TransformerLM, batch: dict, step: jax.Array) -> dict:
 # ---------------------------------------------------------------------------------------------- run
 
 # May differ on resume without --allow_change: the executor computes the same attention (tested
-# against the reference), and CPU configs pin "reference" while accelerators pick the fastest.
+# against the reference), and the CPU pin per mechanism (CPU_IMPLEMENTATION) may change with new measurements.
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
 
