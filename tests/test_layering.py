@@ -115,3 +115,16 @@ def test_no_lazy_imports_of_the_package():
             if getattr(node, "level", 0) or any(n.split(".")[0] == "sparse_attn" for n in names):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {ast.unparse(node)}")
     assert not bad, "\n".join(bad)
+
+
+def test_train_and_decode_stay_apart():
+    """decode and train share a rank (both above models): neither needs the other, so neither imports it."""
+    bad = []
+    for own, other in (("train", "decode"), ("decode", "train")):
+        for path in (ROOT / own).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+                bad += [f"{path.relative_to(ROOT.parent)} imports {n}" for n in names
+                        if n.startswith(f"sparse_attn.{other}")]
+    assert not bad, "\n".join(bad)

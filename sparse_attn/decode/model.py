@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_attn.decode import abca as _abca  # noqa: F401 — registers ABCA's decoder
 from sparse_attn.decode import baselines as _baselines  # noqa: F401 — registers the baseline decoders
 from sparse_attn.decode import labels as labels_decode
 from sparse_attn.decode.attend import cache_bytes
