@@ -1,0 +1,92 @@
+"""Train a tiny LM for a few steps, then evaluate its checkpoint and generate from it through the entry points."""
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from experiments import evaluate, generate, lm
+from sparse_attn.models import TransformerConfig
+from sparse_attn.train import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """1 local + 1 label layer x 32 wide, 4 steps on a small text folder (checkpoints at 2 and 4)."""
+    root = tmp_path_factory.mktemp("lm")
+    (root / "text").mkdir()
+    for i in range(30):
+        (root / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
+    attention = (lm.attention_by_name("local", 16), lm.attention_by_name("labels", 16))
+    config = lm.LMConfig(
+        model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
+        data=lm.TextSource(path=str(root / "text")),
+        train=TrainConfig(global_batch=8, seq_len=16, num_steps=4, warmup_steps=1, checkpoint_every=2,
+                          eval_every=4, eval_batches=2, progress=False),
+    )
+    workdir = str(root / "run")
+    summary = lm.train_and_evaluate(config, workdir, log=lambda m: None)
+    return workdir, summary, root
+
+
+def test_evaluate_reproduces_the_final_eval(run, capsys):
+    workdir, summary, _ = run
+    out = evaluate.main(["--workdir", workdir])
+    assert out["kind"] == "lm" and out["step"] == 4 and out["batches"] == 2
+    for key in ("nll", "bits_per_byte"):
+        assert out[key] == pytest.approx(summary["eval"][key], rel=1e-5, abs=1e-6)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 4
+    # a given file
+    assert evaluate.evaluate(workdir, text=os.path.join(run[2], "text", "f3.txt"))["batches"] >= 1
+
+
+def test_generate_is_deterministic_and_streams(run):
+    workdir, _, _ = run
+    stream = io.StringIO()
+    a = generate.generate(workdir, "def ", 12, temperature=0.8, top_k=20, seed=3, stream=stream)
+    b = generate.generate(workdir, "def ", 12, temperature=0.8, top_k=20, seed=3)
+    assert a["bytes"] == b["bytes"] and len(a["bytes"]) == 12
+    assert stream.getvalue() == a["bytes"].decode("utf-8", errors="replace")
+    assert a["step"] == 4 and a["tokens_per_s"] > 0
+    # local ring (radius 4 -> 5 keys) + label ring (5 keys, labels) + landmarks, k and v of 32 floats each
+    assert 0 < a["cache_bytes"] < 2 * 16 * 2 * 32 * 4
+
+
+def test_missing_and_mismatched_checkpoints(run, tmp_path):
+    workdir, _, _ = run
+    with pytest.raises(evaluate.CheckpointError, match="no run directory"):
+        evaluate.restore(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(evaluate.CheckpointError, match="no checkpoints/ directory"):
+        evaluate.restore(str(tmp_path / "empty"))
+    with pytest.raises(evaluate.CheckpointError, match=r"no checkpoint at step 3; it has steps \[2, 4\]"):
+        evaluate.restore(workdir, step=3)
+    # A config that describes another model than the stored arrays: refused, naming the step.
+    bad = str(tmp_path / "bad")
+    shutil.copytree(workdir, bad, ignore=shutil.ignore_patterns("run.lock"))
+    config_dir = os.path.join(bad, "checkpoints", "4", "config")
+    name = "metadata"  # orbax's JsonSave file
+    with open(os.path.join(config_dir, name)) as f:
+        stored = json.load(f)
+    stored["model"]["model_dim"] = 48
+    with open(os.path.join(config_dir, name), "w") as f:
+        json.dump(stored, f)
+    with pytest.raises(evaluate.CheckpointError, match="step 4 .* does not fit the model"):
+        evaluate.restore(bad)
+    stored["model"]["attention"][0]["window_size"] = 3
+    with open(os.path.join(config_dir, name), "w") as f:
+        json.dump(stored, f)
+    with pytest.raises(evaluate.CheckpointError, match=r"fields \['window_size'\]"):
+        evaluate.restore(bad)
+
+
+def test_from_json_round_trips_every_lm_attention():
+    from sparse_attn.train import run_config
+
+    for name in lm.ATTENTION_NAMES:
+        cfg = TransformerConfig(attention=(lm.attention_by_name(name, 64),) * 2)
+        assert evaluate.from_json(run_config.to_json(cfg)) == cfg, name
+    assert dataclasses.is_dataclass(evaluate.from_json(run_config.to_json(TrainConfig())))
