@@ -37,7 +37,10 @@ def test_encoder_with_one_layer_of_each_mechanism_trains():
 
     loss0, stats, grads = step(model, opt)
     assert np.isfinite(float(loss0))
-    assert {k.split("/")[0] for k in stats} == {"layer0", "layer1", "layer2"}  # dense reports nothing
+    for i, att in enumerate(cfg.attention):  # the common statistics for every layer, the rest under its mechanism
+        assert {f"layer{i}/keys_per_query", f"layer{i}/attn_flops_vs_dense"} <= set(stats)
+        own = {k for k in stats if k.startswith(f"layer{i}/") and k.count("/") > 1}
+        assert all(k.startswith(f"layer{i}/{att.mechanism}/") for k in own) and (i == 3 or own)
     for i in range(3):  # each mechanism's own parameters receive gradient
         leaves = jax.tree_util.tree_leaves(nnx.state(grads["blocks"][i]["attn"]))
         assert sum(float(jnp.abs(g).sum()) for g in leaves) > 0
