@@ -140,7 +140,39 @@ def base() -> LMConfig:
     )
 
 
-CONFIGS = {"smoke": smoke, "base": base}
+# Label attention through every phase (docs/labels.md, "Phase transitions: measurement"): the smoke model with
+# label attention in both layers at its defaults (the schedule scaled to num_steps), and fixed local attention of
+# radius EQUAL_PAIRS_RADIUS (5 keys per query: balanced top-2-of-32 labels give ~5; trained routers gave 7.6-16.7,
+# see the docs). A smaller batch and fewer steps than `smoke`:
+# on the 2 shared cores at load ~36 a label step of this size took ~10 s and the compile ~25 min.
+EQUAL_PAIRS_RADIUS = 4
+
+
+def smoke_labels(attention: str = "labels", **label_overrides) -> LMConfig:
+    """`smoke`'s model, label attention (or local at EQUAL_PAIRS_RADIUS) in both layers; batch 8, 240 steps."""
+    from sparse_attn.modules.labels import LabelAttentionConfig  # noqa: PLC0415 — research mechanism
+
+    config = smoke()
+    seq_len = config.train.seq_len
+    if attention == "labels":
+        att = LabelAttentionConfig(radius=max(seq_len // 4, 1), block=min(128, seq_len),
+                                   soft_block=min(64, seq_len), **label_overrides)
+    else:
+        att = LocalAttention(radius=EQUAL_PAIRS_RADIUS)
+    model = dataclasses.replace(config.model, attention=(att, att))
+    train = dataclasses.replace(config.train, global_batch=8, num_steps=240, warmup_steps=24, checkpoint_every=120,
+                                eval_every=40, eval_batches=4)
+    return LMConfig(model=model, train=train)
+
+
+CONFIGS = {
+    "smoke": smoke,
+    "base": base,
+    "smoke_labels": smoke_labels,
+    "smoke_labels_local": lambda: smoke_labels("local"),
+    # The transition before the ramp, for comparison: σ(R/τ) memberships, soft -> straight-through at once.
+    "smoke_labels_no_ramp": lambda: smoke_labels(membership="sigmoid", ramp_frac=0.0, straight_through_frac=0.5),
+}
 
 
 # ---------------------------------------------------------------------------------------------- model and loss

@@ -10,7 +10,7 @@ from flax import nnx
 
 from sparse_attn.models.transformer import TransformerConfig, TransformerLM
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import LabelAttentionConfig
+from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import losses
 from sparse_attn.modules.labels import label_stats
@@ -130,8 +130,14 @@ def test_pinned_phase_config_errors_and_model_plug_in():
     )  # fmt: skip
     model = TransformerLM(cfg, rngs=nnx.Rngs(1))
     tokens = jnp.arange(N, dtype=jnp.int32)[None] % 16
-    out = nnx.jit(lambda m, t: m(t, step=3))(model, tokens)
+    run = nnx.jit(lambda m, t, s: m(t, step=s))
+    out = run(model, tokens, 3)
     assert out.logits.shape == (1, N, 16) and np.isfinite(float(out.aux_loss))
+    # Inference: INFERENCE_STEP is the hard phase at the final temperature, as any step past the schedule's end.
+    phase0 = lambda o: float(o.stats.get("layer0/labels/phase", o.stats.get("layer0/phase")))  # noqa: E731
+    inference, past_end = run(model, tokens, INFERENCE_STEP), run(model, tokens, 40)
+    assert phase0(out) == schedule.SOFT and phase0(inference) == schedule.HARD
+    np.testing.assert_array_equal(inference.logits, past_end.logits)
     # The model files a mechanism's own statistics as layer{i}/labels/{name} (layer{i}/{name} before that scheme).
     named = lambda i, key: {f"layer{i}/labels/{key}", f"layer{i}/{key}"} & set(out.stats)  # noqa: E731
     assert named(1, "mean_degree") and named(0, "tau") and "layer0/keys_per_query" in out.stats

@@ -1,15 +1,13 @@
 """Evaluation and a restored checkpoint run label attention in the phase training reached (docs/labels.md,
 "Evaluation and inference"): a tiny label LM trained past every switch, evaluated, restored and stepped once more."""
 
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from sparse_attn.data import eval_batches
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig
+from sparse_attn.modules.labels import LabelAttentionConfig
 from sparse_attn.train import TrainConfig, read_metrics, train_and_evaluate
 
 # 4 steps: soft (state step 0), ramp (1), straight-through (2), hard from 3. num_steps fixed in the config, so the
@@ -79,11 +77,3 @@ def test_evaluation_and_restore_use_the_trained_phase(tmp_path):
     # What evaluating at step 0 (the soft phase, τ = 1: the old default) would have reported instead.
     assert abs(trained["eval"]["nll_at_step0"] - trained["eval"]["nll"]) > 1e-3
 
-
-def test_inference_step_is_the_hard_phase():
-    model = TransformerLM(MODEL, rngs=nnx.Rngs(0))
-    tokens = jnp.asarray(DATA[:16], jnp.int32)[None]
-
-    hard = model(tokens, step=INFERENCE_STEP)
-    assert float(phase(hard.stats)) == 3
-    np.testing.assert_allclose(hard.logits, model(tokens, step=4).logits, rtol=1e-6, atol=1e-6)
