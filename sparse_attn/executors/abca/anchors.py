@@ -241,6 +241,8 @@ def _pages(fn, xs, num_pages: int, active):
     Inputs come in as scan `xs` (not closed over), so the backward pass writes each page's cotangent into its own
     slice instead of adding a full-length array per page; each page is rematerialised, so residuals are the xs.
     """
+    if num_pages == 1:  # no loop, no skip: inactive ranks compute zeros anyway (compile time, docs/abca.md)
+        return jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], xs)))
     shapes = jax.eval_shape(fn, jax.tree.map(lambda x: x[0], xs))
     skip = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     body = lambda a: jax.lax.cond(a[0] < active, fn, skip, a[1])
