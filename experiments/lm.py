@@ -73,10 +73,10 @@ ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels", "abca")
 
 # The implementation each mechanism runs on CPU when none is asked for: "reference" (dense masked) only where it
 # was faster than the default executor at the smoke shapes in `python -m experiments.bench_lm_step`. Measured
-# (experiments/results/bench_lm_step_runs.md): the default was faster for dense (1.3-1.8x), ABCA (1.8-3.1x) and
-# BigBird (1.1x); local and Longformer flipped between runs on the shared machine, so nothing is pinned.
-# Labels have no implementation option. Accelerators use None.
-CPU_IMPLEMENTATION = {"dense": None, "local": None, "longformer": None, "bigbird": None, "abca": None}
+# (experiments/results/bench_lm_step{,_runs}.md): "reference" was faster for local in 2 of 3 runs (CPU time 0.79x);
+# the default for ABCA (1.2-3.1x) and dense (1.0-1.8x); BigBird and Longformer flipped between runs on the shared
+# machine, so they keep the default. Labels have no implementation option. Accelerators use None.
+CPU_IMPLEMENTATION = {"dense": None, "local": "reference", "longformer": None, "bigbird": None, "abca": None}
 AUTO = "auto"
 
 
