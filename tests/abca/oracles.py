@@ -1,4 +1,4 @@
-"""Independent numpy definitions of ABCA (SPEC §1), written from the text with plain loops."""
+"""Independent numpy definitions of ABCA (docs/abca.md), written from the text with plain loops."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Non-finite values (issue 17): NaN/inf at padding are invisible; at a valid position they reach only its readers.
+"""Non-finite values (docs/abca.md): NaN/inf at padding are invisible; at a valid position they reach only its readers.
 
 The guarantee (docs/abca.md): padding of q, k, v (and of the layer input) changes nothing, forward or backward; a
 non-finite value at a valid position makes exactly the rows that read it NaN; the packed executor's gradients of a

@@ -1,4 +1,4 @@
-"""Issue 17 for routing attention: valid_len > n is refused, padded rows output 0, non-finite values stay put.
+"""Non-crossing attention, reliability: valid_len > n is refused, padded rows output 0, non-finite values stay put.
 
 The guarantee (docs/noncrossing.md): padding of x, q, k, v changes nothing, forward or backward, and padded rows
 output 0; a non-finite q, k or v at a valid position changes only the rows whose key row holds it (they become

@@ -1,4 +1,4 @@
-"""ABCA anchor placement (SPEC §1): explicit, fixed interval, learned; zone cap with fallback anchors.
+"""ABCA anchor placement (docs/abca.md): explicit, fixed interval, learned; zone cap with fallback anchors.
 
 Every function is pure and jit-able and returns or consumes `is_anchor: bool[B, N]`. Padding (positions at or after
 `valid_len`) never holds an anchor; position 0 is always an anchor of a non-empty sequence.
