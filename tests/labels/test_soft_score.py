@@ -63,6 +63,8 @@ def test_temperature_and_phase_are_pure_functions_of_the_step():
     assert phases == [0, 0, 0, 2, 2, 3, 3]
     phases = [int(schedule.phase(s, soft_steps=1, ramp_steps=2, straight_through_steps=1)) for s in range(6)]
     assert phases == [0, 1, 1, 2, 3, 3]
+    vector = schedule.phase(jnp.arange(6), soft_steps=1, ramp_steps=2, straight_through_steps=1)  # elementwise
+    assert vector.shape == (6,) and vector.tolist() == phases
     alphas = [float(schedule.hard_weight(s, soft_steps=2, ramp_steps=3)) for s in range(7)]
     assert alphas == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
     assert int(schedule.phase(schedule.INFERENCE_STEP, soft_steps=10**6, straight_through_steps=10**6)) == 3

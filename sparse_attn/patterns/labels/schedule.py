@@ -77,12 +77,13 @@ def temperature(step, *, tau_start: float = 1.0, tau_end: float = 0.1, anneal_st
 
 
 def phase(step, *, soft_steps: int, straight_through_steps: int, ramp_steps: int = 0):
-    """int32: SOFT before `soft_steps`, RAMP for `ramp_steps`, STRAIGHT_THROUGH for `straight_through_steps`, HARD."""
+    """int32 of `step`'s shape: SOFT before `soft_steps`, RAMP for `ramp_steps`, STRAIGHT_THROUGH for
+    `straight_through_steps`, then HARD (elementwise, so a vector of steps gives their phases)."""
     if soft_steps < 0 or straight_through_steps < 0 or ramp_steps < 0:
         raise ValueError(f"phase lengths must be >= 0, got {soft_steps}, {ramp_steps}, {straight_through_steps}")
     step = jnp.asarray(step, jnp.int32)
-    ends = jnp.asarray([soft_steps, soft_steps + ramp_steps, soft_steps + ramp_steps + straight_through_steps])
-    return jnp.sum(step >= ends).astype(jnp.int32)
+    ends = (soft_steps, soft_steps + ramp_steps, soft_steps + ramp_steps + straight_through_steps)
+    return sum((step >= e).astype(jnp.int32) for e in ends)
 
 
 def hard_weight(step, *, soft_steps: int, ramp_steps: int):
