@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -89,6 +90,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per point (after one that compiles)")
     parser.add_argument("--window", type=int, default=WINDOW)
     parser.add_argument("--out", default=os.path.join(RESULTS, "bench_decode"))
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     table = mechanisms(args.window)
     rows = []
@@ -98,7 +100,7 @@ def main(argv=None) -> list[dict]:
             rows.append(row)
             print(f"{name:8s} n={n:6d}  {row['s_per_token'] * 1e3:8.2f} ms/token  {row['tokens_per_s']:8.1f} tok/s  "
                   f"cache {row['cache_bytes'] / 2**20:9.3f} MiB", flush=True)
-    meta = {"command": "python -m experiments.bench_decode " + " ".join(argv or []), "backend": jax.default_backend(),
+    meta = {"command": "python -m experiments.bench_decode " + " ".join(argv), "backend": jax.default_backend(),
             "device": str(jax.devices()[0].device_kind), "cpu_count": os.cpu_count(), "jax": jax.__version__,
             "machine": platform.machine(), "load_avg_1m": os.getloadavg()[0],
             "model": f"{args.layers} layers x {args.dim}, {args.heads} heads, batch 1, fp32", "window": args.window}
