@@ -65,6 +65,7 @@ class LMDecoder:
             raise ValueError(f"batch and max_len must be >= 1, got {batch}, {max_len}")
         self.graphdef, self.state = nnx.split(model)
         self.batch, self.max_len, self.train_step, self.dtype = batch, max_len, int(step), dtype
+        self.vocab_size = model.embed.num_embeddings
         self.warnings = phase_warnings(model, self.train_step)
 
         def prefill(state, tokens_BxP, caches):
@@ -99,6 +100,13 @@ class LMDecoder:
             raise ValueError(f"tokens must be int[{self.batch}, P], got {tokens.dtype}{tokens.shape}")
         if not 1 <= tokens.shape[1] <= self.max_len:
             raise ValueError(f"a prompt of {tokens.shape[1]} tokens does not fit max_len={self.max_len} (>= 1 token)")
+        return self._check_ids(tokens)
+
+    def _check_ids(self, tokens) -> jax.Array:
+        # The embedding gather would clamp an out-of-range id to a real token without a word.
+        lo, hi = int(jnp.min(tokens)), int(jnp.max(tokens))
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.vocab_size}), got values in [{lo}, {hi}]")
         return tokens.astype(jnp.int32)
 
     def prefill(self, tokens_BxP, caches=None) -> tuple[jax.Array, tuple]:
@@ -110,7 +118,10 @@ class LMDecoder:
     def step(self, caches: tuple, token_B, pos: int) -> tuple[jax.Array, tuple]:
         if not 0 <= pos < self.max_len:
             raise ValueError(f"position {pos} is outside [0, max_len={self.max_len})")
-        return self._step(self.state, caches, jnp.asarray(token_B, jnp.int32), jnp.int32(pos))
+        token = jnp.asarray(token_B)
+        if token.shape != (self.batch,) or not jnp.issubdtype(token.dtype, jnp.integer):
+            raise ValueError(f"token must be int[{self.batch}], got {token.dtype}{token.shape}")
+        return self._step(self.state, caches, self._check_ids(token), jnp.int32(pos))
 
     def generate(self, prompt_BxP, num_new: int, *, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int = 0,
@@ -142,7 +153,7 @@ class LMDecoder:
             if on_token is not None:
                 on_token(tok)
             if i + 1 < num_new:
-                last, caches = self.step(caches, tok, p + i)
+                last, caches = self._step(self.state, caches, tok, jnp.int32(p + i))  # sampled ids: in range
         if out:
             jax.block_until_ready(out[-1])
         timed = num_new - 1

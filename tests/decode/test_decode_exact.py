@@ -111,3 +111,17 @@ def test_label_phase_warning():
     assert labels_decode.phase_at(m.blocks[0].attn, 0) == "soft"
     assert labels_decode.phase_at(m.blocks[0].attn, 100) == "hard"
     assert "soft phase at step 0" in LMDecoder(m, batch=1, max_len=8, step=0).warnings[0]
+
+
+def test_bad_tokens_are_refused_before_decoding():
+    """Out-of-range ids would be clamped by the embedding gather: refused with the range, before any compile."""
+    cfg = TransformerConfig(vocab_size=VOCAB, model_dim=32, num_heads=4, num_layers=1, mlp_dim=64)
+    dec = LMDecoder(TransformerLM(cfg, rngs=nnx.Rngs(0)), batch=2, max_len=8)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 50\), got values in \[1, 50\]"):
+        dec.prefill(jnp.array([[1, 2], [3, VOCAB]]))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 50\), got values in \[-1, 4\]"):
+        dec.step(None, jnp.array([4, -1]), 0)
+    with pytest.raises(ValueError, match=r"token must be int\[2\]"):
+        dec.step(None, jnp.array([4]), 0)
+    with pytest.raises(ValueError, match="does not fit max_len=8"):
+        dec.prefill(jnp.zeros((2, 9), jnp.int32))
