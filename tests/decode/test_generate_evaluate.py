@@ -1,6 +1,7 @@
 """Train a tiny LM for a few steps, then evaluate its checkpoint and generate from it through the entry points."""
 
 import dataclasses
+import gc
 import io
 import json
 import os
@@ -55,6 +56,10 @@ def test_generate_is_deterministic_and_streams(run):
     assert 0 < a["cache_bytes"] < 2 * 16 * 2 * 32 * 4
 
 
+# The mismatched-array restore fails orbax's read on purpose; orbax leaves its other pending reads to the garbage
+# collector, which reports them as unraisable exceptions (as in tests/train/test_corrupt_checkpoint.py): ignored in
+# this test only and collected before it ends, so they cannot surface in the next test on the same worker.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_missing_and_mismatched_checkpoints(run, tmp_path):
     workdir, _, _ = run
     with pytest.raises(evaluate.CheckpointError, match="no run directory"):
@@ -81,6 +86,7 @@ def test_missing_and_mismatched_checkpoints(run, tmp_path):
         json.dump(stored, f)
     with pytest.raises(evaluate.CheckpointError, match=r"fields \['window_size'\]"):
         evaluate.restore(bad)
+    gc.collect()
 
 
 def test_from_json_round_trips_every_lm_attention():
