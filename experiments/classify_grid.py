@@ -16,13 +16,12 @@ import fcntl
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import threading
 import time
 from typing import NamedTuple
 
+from experiments.cell_runs import git_commit, run_module
 from experiments.classify import CONFIGS
 
 
@@ -91,31 +90,8 @@ def finished_keys(path: str) -> set[tuple]:
 
 
 def run_subprocess(argv: list[str], timeout_s: float) -> int:
-    """`python -m experiments.classify argv`; past `timeout_s` SIGTERM (the loop saves and exits 143), then
-    SIGKILL after 120 s more. Returns the exit status, 124 on a timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.classify", *argv])
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return 124
-
-
-def git_commit() -> str:
-    """`git rev-parse --short HEAD` of the working directory, "+dirty" when experiments/ or sparse_attn/ differ
-    from it; "unknown" outside a repository (e.g. a `git archive` snapshot: pass `--commit`)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "experiments", "sparse_attn"],
-                               capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    """`python -m experiments.classify argv` under `timeout_s` (cell_runs.run_module)."""
+    return run_module("experiments.classify", argv, timeout_s)
 
 
 class LoadSampler:

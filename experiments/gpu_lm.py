@@ -28,6 +28,7 @@ import sys
 import time
 
 from experiments import lm_grid
+from experiments.cell_runs import git_commit
 from experiments.lm_budget import attention_for_budget, keys_per_query, newline_windows
 from sparse_attn.data import StdlibSource
 from sparse_attn.train import read_metrics
@@ -84,7 +85,7 @@ def partial_row(cell: lm_grid.Cell, config: str, workdir: str, status: str, comm
     return {"kind": "lm_partial", "config": config, "n": cell.n, "variant": cell.variant,
             "budget_keys_per_query": cell.budget, "seed": cell.seed, "status": status,
             "steps_reached": max(train, default=0), "train_bits_per_byte_last10": sum(last) / len(last) if last else None,
-            "command": command, "commit": lm_grid.git_commit(), "workdir": workdir}
+            "command": command, "commit": git_commit(), "workdir": workdir}
 
 
 def run_plan(plan, *, tiny: bool, steps: int, total_s: float, cell_s: float, results: str, runs_dir: str,

@@ -23,8 +23,6 @@ import json
 import math
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from typing import NamedTuple
@@ -32,6 +30,7 @@ from typing import NamedTuple
 import jax
 
 from experiments import lm
+from experiments.cell_runs import git_commit, run_module
 from experiments.lm_budget import VARIANTS, attention_for_budget, keys_per_query, newline_windows
 from sparse_attn.data import StdlibSource
 from sparse_attn.models import TransformerConfig
@@ -104,16 +103,6 @@ GRIDS = {
 
 
 # ---------------------------------------------------------------------------------------------- one cell
-
-def git_commit() -> str:
-    """HEAD's hash, with "+dirty" when tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def cell_workdir(runs_dir: str, config: str, cell: Cell) -> str:
     return os.path.join(runs_dir, config, f"n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
@@ -227,19 +216,8 @@ def dense_row(path: str, config: str, cell: Cell) -> dict | None:
 # ---------------------------------------------------------------------------------------------- grid
 
 def run_subprocess(argv: list[str], timeout_s: float, module: str = "experiments.lm_grid") -> int:
-    """`python -m module argv`; past `timeout_s` SIGTERM (the loop saves and exits), SIGKILL 120 s later.
-    Returns the exit status, 124 on a timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return 124
+    """`python -m module argv` under `timeout_s` (cell_runs.run_module)."""
+    return run_module(module, argv, timeout_s)
 
 
 def run_grid(cells: list[Cell], *, config: str, results: str, runs_dir: str, time_limit_s: float,

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from experiments import lm_grid
+from experiments.cell_runs import git_commit
 from experiments.lm_budget import VARIANTS, attention_for_budget, keys_per_query
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
@@ -160,7 +161,7 @@ def run(task_name: str, config: str, cell: lm_grid.Cell, *, workdir: str, result
         "model": {"layers": model.num_layers, "dim": model.model_dim, "heads": model.num_heads, "mlp": model.mlp_dim},
         "global_batch": train.global_batch, "backend": jax.default_backend(), "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command, "commit": lm_grid.git_commit(), "workdir": workdir,
+        "command": command, "commit": git_commit(), "workdir": workdir,
     }
     if results and jax.process_index() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)

@@ -1,0 +1,35 @@
+"""What every experiment grid shares: a cell run as a time-limited subprocess, and the commit it ran from."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+
+def run_module(module: str, argv: list[str], timeout_s: float) -> int:
+    """`python -m module argv`; past `timeout_s` SIGTERM (the train loop saves and exits 143), then SIGKILL after
+    120 s more. Returns the exit status, 124 on a timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv])
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 124
+
+
+def git_commit() -> str:
+    """`git rev-parse --short HEAD` of the working directory, "+dirty" when experiments/ or sparse_attn/ differ
+    from it; "unknown" outside a repository (e.g. a `git archive` snapshot: grids take `--commit`)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "experiments", "sparse_attn"],
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
