@@ -131,6 +131,7 @@ def attention(
     implementation: str | None = None,
     scale: float | None = None,
     return_lse: bool = False,
+    return_aux: bool = False,
     **options,
 ):
     """Sparse attention of q over the (k, v) pairs a pattern allows.
@@ -146,11 +147,13 @@ def attention(
         Any other value (including "") or an explicit choice that cannot run raises ValueError naming what can.
       scale: logit scale, default 1/sqrt(D).
       return_lse: also return the float32 log-sum-exp [B, N, H] (-inf on rows with no allowed key).
+      return_aux: also return the executor's diagnostics dict (last), e.g. "bucketed"'s per-query `keys` and band
+        `overflow`; `{}` for an executor that reports none (`register_executor(..., aux=True)`).
       **options: executor options (e.g. `block` for "xla", `config` for "pallas").
 
     Returns:
-      out [B, N, H, D] in q's dtype (0 on rows with no allowed key), and lse if asked. An empty batch (B = 0)
-      gives empty outputs; N, H, G and D must be >= 1.
+      out [B, N, H, D] in q's dtype (0 on rows with no allowed key), then lse and aux if asked. An empty batch
+      (B = 0) gives empty outputs (and an empty aux); N, H, G and D must be >= 1.
     """
     if isinstance(pattern, Prepared):
         pattern, implementation, options = _unwrap(pattern, implementation, options, q_BxNxHxD.shape[-1])
@@ -159,8 +162,13 @@ def attention(
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale
     args = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
+    aux = {}
     if q_BxNxHxD.shape[0] == 0:
         out, lse = _empty_batch(q_BxNxHxD, fn, args, dict(options, scale=scale))
+    elif registry.returns_aux(type(pattern), name):
+        out, lse, aux = fn(*args, scale=scale, **options)
     else:
         out, lse = fn(*args, scale=scale, **options)
-    return (out, lse) if return_lse else out
+    if not (return_lse or return_aux):
+        return out
+    return (out, *([lse] if return_lse else []), *([aux] if return_aux else []))

@@ -8,6 +8,10 @@ also registers "reference" for it (the dense oracle over `to_dense()`), so every
 `implementation=None` resolves per pattern type and platform to the executor registered as that platform's
 default (the fastest measured there), else the first one registered after "reference".
 
+An executor that sees more than its output (the label executor's per-query key counts and band tier) registers
+with `aux=True` and returns `(out, lse, aux)`, `aux` a dict of arrays; `attention(..., return_aux=True)` hands it on
+(an empty dict for the others), so a module can read its executor's diagnostics without bypassing the registry.
+
 An executor may also register `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree of arrays built
 from the pattern alone: tile lists, token metadata, slot layouts). `sparse_attn.prepare` calls it once, and the
 executor then receives the result as `fn(..., prepared=metadata)` instead of rebuilding it (docs/architecture.md,
@@ -28,6 +32,7 @@ class _Entries:
     fns: dict[str, Callable] = dataclasses.field(default_factory=dict)
     prepares: dict[str, Callable] = dataclasses.field(default_factory=dict)
     defaults: dict[str, str] = dataclasses.field(default_factory=dict)  # platform -> name
+    with_aux: set[str] = dataclasses.field(default_factory=set)  # names returning (out, lse, aux)
 
 
 _TABLE: dict[type, _Entries] = {}
@@ -48,16 +53,18 @@ def register_executor(
     *,
     default_on: tuple[str, ...] | str = (),
     prepare: Callable | None = None,
+    aux: bool = False,
 ) -> None:
     """Registers `fn` as implementation `name` for `pattern_type` (replacing an earlier one of that name).
 
     Args:
       pattern_type: the pattern class `fn` runs (subclasses inherit it unless they register their own).
       name: the implementation name, e.g. "xla", "pallas", or what a mechanism executor does ("packed").
-      fn: `fn(q, k, v, pattern, *, scale, **options) -> (out, lse)`.
+      fn: `fn(q, k, v, pattern, *, scale, **options) -> (out, lse)`, or `(out, lse, aux)` with `aux=True`.
       default_on: platforms ("cpu", "gpu", "tpu") where `implementation=None` picks it.
       prepare: optional `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree); `fn` must then accept
         `prepared=metadata` (None: build it itself).
+      aux: `fn` returns a third value, a dict of diagnostics arrays (`attention(..., return_aux=True)`).
     """
     if not isinstance(pattern_type, type):
         raise ValueError(f"pattern_type must be a class, got {pattern_type!r}")
@@ -72,6 +79,9 @@ def register_executor(
         entries.fns.setdefault("reference", _REFERENCE[0])
     entries.fns[name] = fn
     entries.prepares.pop(name, None)
+    entries.with_aux.discard(name)
+    if aux:
+        entries.with_aux.add(name)
     if prepare is not None:
         if not callable(prepare):
             raise ValueError(f"prepare must be callable or None, got {prepare!r}")
@@ -114,6 +124,12 @@ def preparer(pattern_type: type, name: str) -> Callable | None:
     """The `prepare` function registered with executor `name` (None: it builds everything per call)."""
     lookup(pattern_type, name)
     return _entries(pattern_type).prepares.get(name)
+
+
+def returns_aux(pattern_type: type, name: str) -> bool:
+    """Whether executor `name` returns `(out, lse, aux)` rather than `(out, lse)`."""
+    lookup(pattern_type, name)
+    return name in _entries(pattern_type).with_aux
 
 
 def lookup(pattern_type: type, name: str) -> Callable:

@@ -1,6 +1,8 @@
 """LabelAttention (NNX): phases follow the step, router gradients, causality through gradients, the ramp's smooth
 transition, the schedule scaled to the run, losses, stats."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import label_oracles as oracles
@@ -69,6 +71,22 @@ def test_phases_router_gradients_and_causality(causal):
     # The ramp ends next to the straight-through forward (α = 10/11 at its last step: dropped edges weigh q / 11).
     gap = lambda a, b: np.max(np.abs(ys[a] - ys[b]))
     assert gap("ramp_end", "straight_through") < 0.5 * gap("ramp", "straight_through")
+
+
+def test_hard_phase_runs_any_label_pattern_executor():
+    """`implementation` picks the hard phase's executor through `sparse_attn.attention`: the dense oracle gives the
+    default's ("bucketed") output, input gradient and `keys_per_query`; a name that is not registered fails early."""
+    outs = {}
+    for impl in (None, "reference"):
+        cfg = dataclasses.replace(CFG, implementation=impl)
+        module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
+        outs[impl] = _output_and_grads(module, _x(1), jnp.int32(INFERENCE_STEP), True)
+    (o1, _, dx1), (o2, _, dx2) = outs[None], outs["reference"]
+    np.testing.assert_allclose(o1.y, o2.y, atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(dx1, dx2, atol=2e-5, rtol=2e-5)
+    assert float(o1.stats["keys_per_query"]) == float(o2.stats["keys_per_query"]) > 1
+    with pytest.raises(ValueError, match="implementation must be None or one of"):
+        dataclasses.replace(CFG, implementation="packed")
 
 
 def test_ramp_makes_the_forward_change_gradually():

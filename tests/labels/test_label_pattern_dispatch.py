@@ -59,3 +59,23 @@ def test_choices_that_cannot_run_name_what_can():
     with pytest.raises(ValueError, match=r"one of \['bucketed', 'pallas', 'reference', 'xla'\]"):
         sparse_attn.attention(q, k, v, bits_only, implementation="packed")
     assert sparse_attn.default_implementation("cpu", LabelPattern) == "bucketed"
+
+
+def test_bucketed_hands_its_diagnostics_on_through_return_aux():
+    """`return_aux=True`: "bucketed" returns its per-query allowed keys (== the pattern's, counted independently)
+    and band overflow; an executor without diagnostics returns {}; the outputs are those of the plain call."""
+    b, n, d = 2, 40, 6
+    ks = jax.random.split(jax.random.PRNGKey(1), 4)
+    q, k, v = (jax.random.normal(x, (b, n, 2, 8)) for x in ks[:3])
+    labels = B.top_k_labels(jax.random.normal(ks[3], (b, 1, n, d)), 2)
+    pattern = LabelPattern.from_labels(labels, d, base=BaseGraph(radius=5, landmark_every=9), valid_len=jnp.asarray([n, 29]))
+    run = jax.jit(lambda q, k, v, p, impl, **kw: sparse_attn.attention(q, k, v, p, implementation=impl, **kw),
+                  static_argnames=("impl", "return_lse", "return_aux"))
+    out, lse, aux = run(q, k, v, pattern, None, return_lse=True, return_aux=True)
+    np.testing.assert_array_equal(out, run(q, k, v, pattern, None))
+    want = np.asarray(pattern.to_dense()).sum(-1)  # [B, 1, N]
+    np.testing.assert_array_equal(np.asarray(aux["keys"]), want)
+    assert int(aux["overflow"]) == 0 and lse.shape == (b, n, 2)
+    ref, ref_aux = run(q, k, v, pattern, "reference", return_aux=True)
+    assert ref_aux == {}
+    np.testing.assert_allclose(out, ref, **TOL)

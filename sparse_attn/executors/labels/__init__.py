@@ -37,11 +37,12 @@ def prepare_bucketed(pattern: LabelPattern, *, head_dim=None, **options):
 
 def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: float, prepared=None, **options):
     """The "bucketed" executor (options: those of `bucketed_attention`, e.g. `block`, `reach`); `prepared`:
-    `prepare_bucketed`'s layouts (None: built per call)."""
+    `prepare_bucketed`'s layouts (None: built per call). Returns (out, lse, aux): aux is `bucketed_attention`'s
+    info (`keys` int32[B, P, N] each query's allowed keys, `overflow`, `needed`)."""
     _check_labels(pattern)
     b = q_BxNxHxD.shape[0]
     vl = None if pattern.valid_len is None else jnp.broadcast_to(jnp.asarray(pattern.valid_len).reshape(-1), (b,))
-    out, lse, _ = bucketed_attention(
+    return bucketed_attention(
         q_BxNxHxD,
         k_BxNxGxD,
         v_BxNxGxD,
@@ -53,7 +54,6 @@ def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: f
         layout=prepared,
         **options,
     )
-    return out, lse
 
 
 def _via_window(name: str):
@@ -70,7 +70,7 @@ def _via_window(name: str):
 
 
 registry.register_executor(
-    LabelPattern, "bucketed", bucketed, default_on=("cpu", "gpu", "tpu"), prepare=prepare_bucketed
+    LabelPattern, "bucketed", bucketed, default_on=("cpu", "gpu", "tpu"), prepare=prepare_bucketed, aux=True
 )
 registry.register_executor(LabelPattern, "xla", _via_window("xla"))
 registry.register_executor(LabelPattern, "pallas", _via_window("pallas"))

@@ -7,9 +7,11 @@ from typing import ClassVar
 
 from flax import nnx
 
+from sparse_attn.attention import available_implementations
 from sparse_attn.modules.labels.module import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import schedule
+from sparse_attn.patterns.labels.pattern import LabelPattern
 
 PHASE_CHOICES = ("schedule", "soft", "straight_through", "hard")
 BALANCE_CHOICES = ("cv2", "switch", "none")
@@ -33,6 +35,8 @@ class LabelAttentionConfig:
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · (CV² or Switch),
     z_loss_weight · router z-loss.
+    implementation: the hard phase's executor for its `LabelPattern` (None: the platform's default, "bucketed";
+    "reference" is the dense oracle; "xla" / "pallas" run only without landmarks).
     """
 
     mechanism: ClassVar[str] = "labels"  # statistics are filed as "layer{i}/labels/{key}" by the model
@@ -66,9 +70,13 @@ class LabelAttentionConfig:
     soft_block: int = 64
     num_kv_heads: int | None = None
     rope_base: float | None = 10_000.0
+    implementation: str | None = None
 
     def __post_init__(self):
         bits_lib.check_labels(self.num_labels, self.top_k)
+        names = available_implementations(LabelPattern)
+        if self.implementation is not None and self.implementation not in names:
+            raise ValueError(f"implementation must be None or one of {sorted(names)}, got {self.implementation!r}")
         for name, value, choices in (
             ("phase", self.phase, PHASE_CHOICES),
             ("balance", self.balance, BALANCE_CHOICES),

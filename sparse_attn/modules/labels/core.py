@@ -3,11 +3,11 @@
   soft              p = memberships(R, τ); logits q·k/√D + log(q_uv + ε) on E(H) (`executors.labels.soft`)
   ramp              the soft score blended into the hard pattern, weight α rising 0 -> 1 over the phase
   straight-through  the hard pattern forward, the soft score's gradient to the router
-  hard              top-k labels -> bucketed executor (`executors.labels.bucketed`), exact for any router
+  hard              top-k labels -> `LabelPattern` -> `sparse_attn.attention` (default "bucketed", exact for any
+                    router), whose aux gives each query's allowed keys and the band tier it chose
 
-The hard path calls the bucketed executor directly rather than through `sparse_attn.attention`: the registry's
-contract returns (out, lse), and this core also needs what only the executor's band pass sees (each query's
-allowed keys after the dedup) and the band tier it chose (docs/labels.md, "Why the module calls its executors").
+The soft phases take memberships, not a pattern, so they call their executor directly (docs/labels.md, "How the
+module reaches its executors").
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach
+from sparse_attn.attention import attention, default_implementation
+from sparse_attn.executors.labels.bucketed import default_reach
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import schedule, soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.pattern import LabelPattern
+from sparse_attn.patterns.stats import key_counts
 
 # Phase -> branch of the switch: soft and ramp share one (the ramp is the soft pass with α > 0).
 _BRANCH = (0, 0, 1, 2)
@@ -66,10 +69,8 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
         return run
 
     def hard():
-        o, _, info = bucketed_attention(
-            q, k, v, labels, num_labels=cfg.num_labels, base=base, valid_len=valid_len, block=cfg.block, reach=reach
-        )
-        return o, info["keys"], info["keys"], info["overflow"].astype(jnp.int32), info["needed"].astype(jnp.int32)
+        o, keys, overflow, needed = hard_attention(q, k, v, labels, cfg, base, valid_len, reach)
+        return o, keys, keys, overflow, needed
 
     branches = (soft_like("soft"), soft_like("straight_through"), hard)
     if cfg.phase == "schedule":
@@ -80,3 +81,17 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
                tau=tau, phase=idx,
                hard_weight=alpha)
     return o, aux
+
+
+def hard_attention(q, k, v, labels_BxPxNxK, cfg, base: BaseGraph, valid_len, reach: int):
+    """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the platform's default for
+    `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed). Executors without diagnostics
+    ("reference", "xla", "pallas") report keys from the pattern and no band overflow."""
+    pattern = LabelPattern.from_labels(labels_BxPxNxK, cfg.num_labels, base=base, valid_len=valid_len)
+    impl = cfg.implementation or default_implementation(None, LabelPattern)
+    opts = dict(block=cfg.block, reach=reach) if impl == "bucketed" else {}
+    o, info = attention(q, k, v, pattern, implementation=impl, return_aux=True, **opts)
+    shape = labels_BxPxNxK.shape[:3]
+    keys = info["keys"] if "keys" in info else jnp.broadcast_to(key_counts(pattern)[0], shape)
+    zero = jnp.int32(0)
+    return o, keys, info.get("overflow", zero).astype(jnp.int32), info.get("needed", zero).astype(jnp.int32)
