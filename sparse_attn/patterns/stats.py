@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from sparse_attn.patterns import common
 from sparse_attn.patterns.abca.layer_pattern import ZonePattern
+from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.patterns.neighbours import NeighbourList
@@ -38,12 +39,36 @@ def _interval_counts(pattern: Intervals) -> tuple[jax.Array, jax.Array]:
     return jnp.where(live, keys, 0).astype(jnp.int32), self_ok
 
 
+def _random_block_counts(layout: BlockLayout) -> tuple[jax.Array, jax.Array]:
+    """(keys, self_allowed) that a block layout's random blocks add to its element rule, in O(N * max_random *
+    block_k): each query block's random key blocks are gathered (at most `max_random` of them), and a key counts
+    if a random block allows it and the element rule does not (no key twice: global keys, window keys)."""
+    m, n = layout.mask, layout.num_tokens
+    bq, bk = layout.block_q, layout.block_k
+    rb = layout.random_blocks
+    nqb, nkb = rb.shape[-2:]
+    r = min(layout.max_random, nkb)
+    # Random blocks first; argsort is a permutation, so the R blocks gathered are distinct.
+    order = jnp.argsort(~rb, axis=-1, stable=True)[..., :r].astype(jnp.int32)  # [B', H', Qb, R]
+    within_k = jnp.arange(bk, dtype=jnp.int32).reshape(1, 1, 1, 1, bk)
+    k_pos = (order[..., None] * bk + within_k).reshape(order.shape[:3] + (r * bk,))
+    within_q = jnp.arange(bq, dtype=jnp.int32).reshape(1, 1, 1, bq)
+    q_pos = jnp.arange(nqb, dtype=jnp.int32).reshape(1, 1, nqb, 1) * bq + within_q
+    kc, qc = jnp.minimum(k_pos, n - 1), jnp.minimum(q_pos, n - 1)
+    extra = layout.random_allowed(qc, kc) & ~m.allowed(qc, kc) & (k_pos < n)[..., None, :]  # [B', H', Qb, bq, R*bk]
+    keys = jnp.sum(extra, axis=-1, dtype=jnp.int32)
+    keys = keys.reshape(keys.shape[:2] + (nqb * bq,))[..., :n]
+    pos = jnp.arange(n, dtype=jnp.int32).reshape(1, 1, n, 1)
+    return keys, layout.random_allowed(pos, pos)[..., 0, 0]
+
+
 def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
     """(keys, self_allowed): int32[B', H', N] allowed keys per query and bool[B', H', N] whether self is allowed.
 
     Neighbour lists count their valid slots; Intervals without label bits (and ABCA's `ZonePattern`) use a closed
-    form, O(N); other Intervals, block layouts and label patterns are evaluated chunk by chunk (O(N * chunk)
-    memory), never as one N x N mask.
+    form, O(N), and block layouts over them (BigBird) add their random blocks' keys in O(N * max_random * block);
+    other Intervals, block layouts and label patterns are evaluated chunk by chunk (O(N * chunk) memory, O(N^2)
+    work), never as one N x N mask.
     """
     if isinstance(pattern, NeighbourList):
         keys = jnp.sum(pattern.valid, axis=-1, dtype=jnp.int32)
@@ -54,6 +79,13 @@ def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
         pattern = pattern.intervals()
     if isinstance(pattern, Intervals) and pattern.label_bits is None:
         return _interval_counts(pattern)
+    if isinstance(pattern, BlockLayout) and pattern.mask.label_bits is None:
+        keys, self_ok = _interval_counts(pattern.mask)
+        if pattern.random_blocks is None:
+            return keys, self_ok
+        if pattern.max_random > 0:  # else the random blocks per query block have no static bound
+            extra, self_random = _random_block_counts(pattern)
+            return keys + extra, self_ok | self_random
     n = pattern.num_tokens
     chunk = min(_CHUNK, n)
     nchunks = -(-n // chunk)

@@ -22,6 +22,7 @@ from sparse_attn.modules import (
 )
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, dense_keys_per_query, keys_per_query
 from sparse_attn.patterns import abca
+from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.labels import BaseGraph, LabelPattern
 from sparse_attn.patterns.stats import key_counts
 
@@ -140,8 +141,12 @@ def test_layer_stats_file_common_keys_by_layer_and_the_rest_by_mechanism():
 
 
 def test_key_counts_closed_form_equals_the_dense_oracle():
-    """The O(N) count of Intervals (what baselines report every forward) and ABCA's / label patterns' counts."""
+    """The O(N) count of Intervals (what baselines report every forward), BigBird's random blocks on top of it, and
+    ABCA's / label patterns' counts."""
     vl = jnp.array([13, 7, 16], jnp.int32)
+    # Random blocks placed anywhere (over the window, the diagonal, global keys), query blocks of 4, key blocks of 2.
+    rnd = jax.random.uniform(jax.random.PRNGKey(1), (3, 2, 4, 8)) < 0.3
+    rnd = rnd & (jnp.cumsum(rnd, -1) <= 3)
     g = jnp.zeros((1, 16), bool).at[0, jnp.array([2, 9, 14])].set(True)
     zones = abca.compute_zones(abca.enforce_zone_cap(abca.fixed_interval_anchors(3, 16, 5), vl, 6)[0], vl)
     labels = jax.random.randint(jax.random.PRNGKey(0), (3, 2, 16, 2), 0, 8)
@@ -157,6 +162,9 @@ def test_key_counts_closed_form_equals_the_dense_oracle():
                 P.longformer(16, 2, g, causal=causal, valid_len=vl),
                 abca.ZonePattern(zones, stage="layer", causal=causal, max_zone=6),
                 LabelPattern.from_labels(labels, 8, base=BaseGraph(radius=3, causal=causal), valid_len=vl),
+                P.bigbird(16, 2, g, 2, 4, jax.random.PRNGKey(2), causal=causal, valid_len=vl, batch=3),
+                BlockLayout.from_intervals(P.longformer(16, 2, g, causal=causal, valid_len=vl), 4, 2,
+                                           random_blocks=rnd, max_random=3),
             ):
                 out.append((*key_counts(p), p.to_dense()))
         return out
