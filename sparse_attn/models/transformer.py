@@ -73,6 +73,16 @@ def layer_stats(i: int, attention: AttentionConfig, att: AttentionOutput, ctx: A
     return out
 
 
+def shared_per_config(config: TransformerConfig, n: int, ctx: AttentionContext) -> dict:
+    """`config.prepare(n, ctx, head_dim)` once per distinct layer config that defines it (equal configs share one):
+    the patterns every such layer would otherwise rebuild, prepared for their executor, built once per forward."""
+    shared = {}
+    for attention in config.layer_attention():
+        if hasattr(attention, "prepare") and attention not in shared:
+            shared[attention] = attention.prepare(n, ctx, config.model_dim // config.num_heads)
+    return shared
+
+
 class Block(nnx.Module):
     def __init__(self, config: TransformerConfig, attention: AttentionConfig, *, rngs: nnx.Rngs):
         d = config.model_dim
@@ -107,8 +117,9 @@ class _Trunk(nnx.Module):
         x = self.embed(tokens_BxN) if embeddings is None else embeddings
         aux = jnp.zeros((), jnp.float32)
         stats = {}
+        shared = shared_per_config(self.config, n, ctx)
         for i, (block, attention) in enumerate(zip(self.blocks, self.config.layer_attention(), strict=True)):
-            x, att = block(x, ctx)
+            x, att = block(x, dataclasses.replace(ctx, shared=shared.get(attention)))
             for val in att.aux_losses.values():
                 aux = aux + val
             stats.update(layer_stats(i, attention, att, ctx))

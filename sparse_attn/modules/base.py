@@ -4,12 +4,17 @@ A mechanism is configured by a frozen dataclass with `make(model_dim, num_heads,
 `mechanism` class attribute naming it in statistics; the module is called as `module(x_BxNxD, ctx) -> AttentionOutput`.
 Models hold a per-layer tuple of such configs, so a new mechanism plugs in without editing them
 (docs/architecture.md, "One template per mechanism" and "Statistics").
+
+A config may also define `prepare(n, ctx, head_dim) -> pytree`: what every layer of that config computes from the
+context alone (a prepared pattern and its statistics). The model then calls it once per forward for each distinct
+config and hands the result to every layer whose config is equal, as `ctx.shared` (docs/architecture.md, "Prepared
+patterns").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +33,15 @@ class AttentionContext:
       tokens: int32[B, N] input token ids (explicit anchors read them), or None.
       step: int32[] training step (phase and temperature schedules read it).
       causal: static; no output may depend on a later token.
+      shared: what the model built once with this layer's `config.prepare(n, ctx, head_dim)` for every layer of an
+        equal config; None: the layer builds it itself.
     """
 
     valid_len: jax.Array
     tokens: jax.Array | None = None
     step: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros((), jnp.int32))
     causal: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    shared: Any = None
 
 
 @jax.tree_util.register_dataclass

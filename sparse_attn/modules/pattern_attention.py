@@ -9,7 +9,7 @@ import jax
 from flax import nnx
 
 from sparse_attn import patterns
-from sparse_attn.attention import attention
+from sparse_attn.attention import attention, prepare
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
 from sparse_attn.patterns.stats import key_counts
 
@@ -22,6 +22,16 @@ class _PatternConfig:
 
     def pattern(self, n: int, ctx: AttentionContext):
         raise NotImplementedError
+
+    def prepare(self, n: int, ctx: AttentionContext, head_dim: int) -> dict:
+        """The pattern prepared for this config's executor and its `keys_per_query`: a pure function of the
+        context, so the model builds it once for every layer with this config (`AttentionContext.shared`)."""
+        pattern = self.pattern(n, ctx)
+        keys, _ = key_counts(pattern)
+        return {
+            "pattern": prepare(pattern, implementation=self.implementation, head_dim=head_dim),
+            "keys_per_query": jax.lax.stop_gradient(keys_per_query(keys, ctx.valid_len)),
+        }
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "PatternAttention":
         return PatternAttention(self, model_dim, num_heads, rngs=rngs)
@@ -89,7 +99,8 @@ class BigBirdAttention(_PatternConfig):
 
 class PatternAttention(nnx.Module):
     """Projections -> sparse attention over `config.pattern(n, ctx)` -> output projection; reports the common
-    statistic `keys_per_query` of the pattern (no mechanism-specific ones)."""
+    statistic `keys_per_query` of the pattern (no mechanism-specific ones). The prepared pattern comes from the
+    model (`ctx.shared`, built once for every layer of an equal config) or is built here."""
 
     def __init__(self, config: _PatternConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         self.config = config
@@ -99,8 +110,8 @@ class PatternAttention(nnx.Module):
 
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
         q, k, v = self.proj.qkv(x_BxNxD)
-        pattern = self.config.pattern(x_BxNxD.shape[1], ctx)
-        o = attention(q, k, v, pattern, implementation=self.config.implementation)
-        keys, _ = key_counts(pattern)
-        stats = {"keys_per_query": jax.lax.stop_gradient(keys_per_query(keys, ctx.valid_len))}
-        return AttentionOutput(y=self.proj.out(o), stats=stats)
+        shared = ctx.shared
+        if shared is None:
+            shared = self.config.prepare(x_BxNxD.shape[1], ctx, q.shape[-1])
+        o = attention(q, k, v, shared["pattern"])
+        return AttentionOutput(y=self.proj.out(o), stats={"keys_per_query": shared["keys_per_query"]})
