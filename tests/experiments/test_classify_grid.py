@@ -41,12 +41,15 @@ def test_cpu_grid_plan_order_and_selection():
     assert {(c.task, c.attention) for c in cells} == {
         (t, a) for t in ("listops", "dyck", "pathfinder")
         for a in ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")}
-    # Priority: every n=128 cell (seed 0 first, labels last within a stage) before any n=512 cell.
-    ns = [c.n for c in cells]
-    assert ns == sorted(ns) and all(c.steps == classify_grid.CPU_STEPS[c.n] for c in cells)
-    first = cells[:18]
-    assert {c.seed for c in first} == {0} and [c.attention for c in first[-3:]] == ["labels"] * 3
-    assert "labels" not in {c.attention for c in first[:15]}
+    # Priority: ListOps n=128 seed 0 (dense, local, the mechanisms but labels) first, then ListOps n=512
+    # dense/local; labels only after every other mechanism's seed-0 n=128 cell.
+    assert all(c.steps == classify_grid.CPU_STEPS[c.n] for c in cells)
+    assert [(c.task, c.n, c.attention, c.seed) for c in cells[:7]] == [
+        ("listops", 128, a, 0) for a in ("dense", "local", "longformer", "abca", "noncrossing_defect")
+    ] + [("listops", 512, "dense", 0), ("listops", 512, "local", 0)]
+    first_labels = min(i for i, c in enumerate(cells) if c.attention == "labels")
+    assert {(c.task, c.attention) for c in cells[:first_labels] if c.n == 128 and c.seed == 0} == {
+        (t, a) for t in ("listops", "dyck", "pathfinder") for a in ("dense", "local", *classify_grid.CPU_MECHANISMS)}
     # Shards partition the selection; filters compose.
     sel = classify_grid.select(cells, skip="labels", lengths=(128,), seeds="1,2")
     assert len(sel) == 3 * 5 * 2 and all(c.n == 128 and c.seed in (1, 2) and c.attention != "labels" for c in sel)
