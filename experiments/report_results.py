@@ -53,10 +53,10 @@ HOW_TO_RUN = """### How to run
 
 ```bash
 # one cell (a workdir under runs/classify/; re-running resumes)
-python -m experiments.classify --task dyck --n 128 --attention noncrossing_defect --config cpu --num_steps 200 \\
+python -m experiments.classify --task dyck --n 128 --attention noncrossing_defect --config cpu --num_steps 600 \\
     --results experiments/results/dyck.jsonl
-# the CPU grid (--shard 0/2 and 1/2 run two halves side by side; rerun to resume, finished cells are skipped)
-nice -n 10 python -m experiments.classify_grid --grid cpu --config cpu --deadline 04:52
+# the CPU grid, one cell at a time in its priority order (rerun to resume, finished cells are skipped)
+nice -n 10 python -m experiments.classify_grid --grid cpu --config cpu --time_limit 1200 --deadline 07:55
 # seed scale on one GPU: as many `seed` cells as fit the budget, results and this report under $OUT
 python -m experiments.gpu_classify --budget 570 --out "$OUT"
 python -m experiments.report_results   # this section (add --results_dir "$OUT" for the GPU rows alone)
@@ -281,6 +281,8 @@ def separation(entries: list[dict]) -> list[str]:
         chance = d["chance"]
         above = "" if chance is None else (
             f"; dense is {_pts(100 * (d['acc'] - chance))} points from the majority class ({chance:.3f})")
+        if d["loss"] is not None and e["loss"] is not None:  # loss moves before accuracy does at short budgets
+            above += f"; validation loss dense {d['loss']:.3f} vs local {e['loss']:.3f}"
         if e["delta_std"] is None:  # one seed somewhere: no spread to compare the gap with
             out.append(f"* {task} n={n} ({config}): one seed only, dense − local = {_pts(gap)} points (no spread "
                        f"to judge it by){above}.")

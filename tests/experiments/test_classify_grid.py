@@ -168,6 +168,7 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     loc = lines["local"].split("|")
     assert loc[2].strip() == "**no**" and loc[6].strip() == "**no**"
     assert "dense separates from local (dense − local = +10.0 ± 1.4 points, 2 σ needed)" in text
+    assert "validation loss dense 1.590 vs local 1.690" in text  # mean over seeds, beside the accuracies
     assert "(noncrossing_defect, `cpu`): claim 1 **yes**; claim 2 **yes**." in text
     assert ("above chance (more than 2 points over the majority class) on 2 of 2 task/length cells (listops 128, "
             "pathfinder 128) and ahead of local by 2 σ on 1 (listops 128)") in text
