@@ -41,12 +41,13 @@ def test_cpu_grid_plan_order_and_selection():
     assert {(c.task, c.attention) for c in cells} == {
         (t, a) for t in ("listops", "dyck", "pathfinder")
         for a in ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")}
-    # Priority: ListOps n=128 seed 0 (dense, local, the mechanisms but labels) first, then ListOps n=512
-    # dense/local; labels only after every other mechanism's seed-0 n=128 cell.
+    # Priority: ListOps n=128 seed 0 (dense, local, the mechanisms but labels) first, then Dyck/Pathfinder
+    # dense/local, then ListOps n=512; labels only after every other mechanism's seed-0 n=128 cell.
     assert all(c.steps == classify_grid.CPU_STEPS[c.n] for c in cells)
-    assert [(c.task, c.n, c.attention, c.seed) for c in cells[:7]] == [
+    assert [(c.task, c.n, c.attention, c.seed) for c in cells[:12]] == [
         ("listops", 128, a, 0) for a in ("dense", "local", "longformer", "abca", "noncrossing_defect")
-    ] + [("listops", 512, "dense", 0), ("listops", 512, "local", 0)]
+    ] + [(t, 128, a, 0) for t in ("dyck", "pathfinder") for a in ("dense", "local")] + [
+        ("listops", 512, a, 0) for a in ("dense", "local", "noncrossing_defect")]
     first_labels = min(i for i, c in enumerate(cells) if c.attention == "labels")
     assert {(c.task, c.attention) for c in cells[:first_labels] if c.n == 128 and c.seed == 0} == {
         (t, a) for t in ("listops", "dyck", "pathfinder") for a in ("dense", "local", *classify_grid.CPU_MECHANISMS)}
