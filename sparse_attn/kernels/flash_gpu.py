@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from sparse_attn.kernels import tiles
+from sparse_attn.kernels import smem, tiles
 from sparse_attn.kernels.metadata import TileLists, TokenMeta
 
 _WHOLE = pl.no_block_spec
@@ -48,19 +48,16 @@ def _k_side(tok_ref, lab_ref, bm, hm, k0, bk, axis):
     return e(tok_ref[bm, sl]), labels
 
 
-# fp32 accumulator elements one program may hold for its query heads (one 128 x 128 tile): more heads per program
-# share K/V loads but spill registers.
-_ACC_BUDGET = 128 * 128
-
-
-def _grid_heads(h: int, g: int, hm: int, bq: int, d: int) -> int:
+def _grid_heads(h: int, g: int, hm: int, bq: int, d: int, itemsize: int) -> int:
     """Query heads per forward/dQ program: a power of two dividing the group when the group shares one tile list,
-    capped by the accumulator budget."""
+    capped so their query tiles stay within `smem.GROUP_TILE_BYTES` (more heads per program share K/V loads but
+    spill registers and, for fp32, overflow shared memory)."""
     r = h // g
     if hm != 1:
         return 1
+    cap = smem.max_group_heads(bq, d, itemsize)
     rp = 1
-    while r % (2 * rp) == 0 and 2 * rp * bq * d <= _ACC_BUDGET:
+    while r % (2 * rp) == 0 and 2 * rp <= cap:
         rp *= 2
     return rp
 
@@ -138,7 +135,7 @@ def _common(q, k, meta, lists):
     b, n_pad, h, d = q.shape
     g = k.shape[2]
     bmax, hmax = meta.lo.shape[:2]
-    rp = _grid_heads(h, g, hmax, lists.block_q, d)
+    rp = _grid_heads(h, g, hmax, lists.block_q, d, q.dtype.itemsize)
     return b, n_pad, h, d, g, bmax, hmax, rp
 
 

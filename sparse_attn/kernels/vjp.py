@@ -45,9 +45,10 @@ class KernelMeta:
     global_pos: jax.Array | None
 
 
-def _plan(pattern, config: KernelConfig | None, head_dim: int):
-    """(resolved config, forward tiles, backward tiles, padded length): static, from the pattern's shapes."""
-    cfg = (config or KernelConfig()).resolve(head_dim)
+def _plan(pattern, config: KernelConfig | None, head_dim: int, dtype=None):
+    """(resolved config, forward tiles, backward tiles, padded length): static, from the pattern's shapes; the
+    inputs' dtype sets only the Triton pipeline stages (the tiles, hence prepared metadata, do not depend on it)."""
+    cfg = (config or KernelConfig()).resolve(head_dim, dtype=dtype)
     _, _, _, pinned = metadata.split_pattern(pattern)
     sizes = cfg.block_sizes
     fwd_blocks = pinned or (sizes.block_q, sizes.block_k)
@@ -84,7 +85,7 @@ def pallas_attention(
     for `Intervals` and `BlockLayout` (neighbour lists have no kernel: docs/kernels.md, "Decisions"); `prepared`:
     `prepare_pallas`'s metadata for this pattern and config (None: built here)."""
     b, n, h, d = q_BxNxHxD.shape
-    cfg, fwd_blocks, bwd_blocks, n_pad = _plan(pattern, config, d)
+    cfg, fwd_blocks, bwd_blocks, n_pad = _plan(pattern, config, d, q_BxNxHxD.dtype)
     mask, random_blocks, max_random, _ = metadata.split_pattern(pattern)
     km = prepared if prepared is not None else prepare_pallas(pattern, head_dim=d, config=config)
     caps = None
