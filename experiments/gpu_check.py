@@ -2,8 +2,10 @@
 appended to a JSON-lines file the moment it is measured.
 
 Command (one H200, nothing installed: Python 3.12, jax 0.11.2, flax, optax, orbax, chex; about 5 minutes):
-    SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 420 python -m experiments.gpu_check
-        -> appends to experiments/results/gpu_check.jsonl, rewrites experiments/results/gpu_check.md
+    SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 420 python3 -m experiments.gpu_check [--out DIR]
+        -> appends to DIR/gpu_check.jsonl (default experiments/results/), rewrites DIR/gpu_check.md
+    (on a lent machine: --out $OUT, then append $OUT/gpu_check.jsonl to experiments/results/gpu_check.jsonl and
+    copy the .md; the commit is passed in because the copy there may have no git)
     python -m experiments.gpu_check --dry-run --out /tmp/x   # CPU, interpret mode, tiny sizes: every code path
 
 Order (whatever does not fit the budget is recorded as a `skipped` row, never silently dropped):
@@ -537,7 +539,7 @@ def _fmt(x, spec):
 
 def markdown(rows: list[dict], common: dict, p: Plan) -> str:
     lines = [f"# GPU check: {common['device']}, jax {common['jax']}, commit {common['commit']}, {common['date']}", "",
-             "Command: `SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 420 python -m experiments.gpu_check` "
+             "Command: `SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 420 python3 -m experiments.gpu_check` "
              f"(B=1, H={p.heads}, bf16; rows also in gpu_check.jsonl). Speed-up: cuDNN dense ms / ms at the same "
              "n, d, mode; pair ratio: cuDNN dense pairs / pairs; rate: TFLOP/s / cuDNN dense TFLOP/s.", ""]  # fmt: skip
     timed = [r for r in rows if not r["method"].startswith("check_")]
@@ -559,7 +561,7 @@ def markdown(rows: list[dict], common: dict, p: Plan) -> str:
             speed = b["ms"] / r["ms"] if b else None
             rate = r["tflops"] / b["tflops"] if b and r["tflops"] and b["tflops"] else None
             ratio = b["pairs"] / r["pairs"] if b and r.get("pairs") else None
-            target = TARGETS.get(mech or name)
+            target = TARGETS.get(f"{mech}_core" if mech else name)
             lines.append(f"| {label} | {r['ms']:.3f} | {_fmt(r['tflops'], '.1f')} | {_fmt(rate, '.2f')} | "
                          f"{_fmt(speed, '.2f')}x | {'' if target is None else f'>= {target}x'} | "
                          f"{_fmt(ratio, '.1f')} | {r['first_call_s']} |")  # fmt: skip
