@@ -233,9 +233,8 @@ def core_impls(mech: str) -> tuple[str | None, list[str]]:
 
     kind = {"abca": ZonePattern, "labels": LabelPattern, "routing": NeighbourList}[mech]
     default = default_implementation(None, kind)
+    # (the label hard phase's "xla"/"pallas" need a pattern without landmarks: the timed one has none)
     others = [i for i in available_implementations(kind) if i not in ("reference", default)]
-    if mech == "labels":  # the hard phase's "xla"/"pallas" run only without landmarks: the timed pattern has none
-        others = [i for i in others if i in ("pallas", "xla", "bucketed")]
     order = {"pallas": 0, "bucketed": 1, "packed": 2, "xla": 3}  # "xla" last: its ABCA backward compiled 55-94 s
     return default, sorted(others, key=lambda i: order.get(i, 9))
 
@@ -291,8 +290,8 @@ _ABANDONED: list[threading.Thread] = []
 
 
 def compile_within(jitted, args, limit_s: float):
-    """AOT-compile in a daemon thread; past `limit_s` the compile is abandoned (it finishes unseen: compiling
-    needs no device) and CompileTimeout raised."""
+    """AOT-compile in a daemon thread; past `limit_s` the compile is abandoned (it finishes unseen in the
+    background, where XLA's autotuning may still use the device briefly) and CompileTimeout raised."""
     box = {}
 
     def work():
