@@ -31,9 +31,9 @@ def z_from_labels(labels_NxK: np.ndarray, num_labels: int) -> np.ndarray:
     return z
 
 
-def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):
-    """float64 masked softmax attention; rows with no key give 0."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q_NxD, k_NxD, v_NxD))
+def weights(q_NxD, k_NxD, mask_NxN, bias_NxN=None, scale=None):
+    """float64 masked softmax weights [N, N]; rows with no key are 0."""
+    q, k = (np.asarray(x, np.float64) for x in (q_NxD, k_NxD))
     s = q @ k.T * (scale if scale is not None else 1 / np.sqrt(q.shape[-1]))
     if bias_NxN is not None:
         s = s + bias_NxN
@@ -42,7 +42,12 @@ def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.where(mask_NxN, np.exp(s - m), 0.0)
     l = e.sum(-1, keepdims=True)
-    return np.where(l > 0, (e / np.where(l > 0, l, 1.0)) @ v, 0.0)
+    return np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+
+
+def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):
+    """float64 masked softmax attention; rows with no key give 0."""
+    return weights(q_NxD, k_NxD, mask_NxN, bias_NxN, scale) @ np.asarray(v_NxD, np.float64)
 
 
 def outputs_and_grads(ours, ref, q, k, v, ct):

@@ -10,7 +10,7 @@ import pytest
 
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as B
-from sparse_attn.patterns.labels import soft
+from sparse_attn.patterns.labels import soft, thinning
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
 N, D, L = 40, 8, 6
@@ -25,21 +25,28 @@ def _inputs(seed=0, n=N):
     return q, k, v, r
 
 
-def _soft_oracle(q, k, v, p, h, eps, alpha=0.0, hard=None):
-    """Soft attention on H; with α > 0 the score (1 - α) q + α A_hard (the ramp)."""
+def _blend_bias(p, hard, alpha, eps):
+    """log(q + ε), or log((1 - α) q + α A_hard + ε) for α > 0 (the ramp), in float64; 0 on the diagonal."""
     p64 = np.asarray(p, np.float64)
     q_soft = 1 - np.prod(1 - p64[:, None, :] * p64[None, :, :], axis=-1)
     bias = np.log(q_soft + eps) if alpha == 0 else np.log((1 - alpha) * q_soft + alpha * hard + eps)
     np.fill_diagonal(bias, 0.0)  # q_uu := 1
+    return bias
+
+
+def _soft_oracle(q, k, v, p, h, eps, alpha=0.0, hard=None):
+    """Soft attention on the mask h (H, or H thinned); with α > 0 the score (1 - α) q + α A_hard (the ramp)."""
+    bias = _blend_bias(p, hard, alpha, eps)
     return np.stack([oracles.attention(q[:, j], k[:, 0], v[:, 0], h, bias) for j in range(q.shape[1])], axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("base", "mode", "eps", "block"))
-def _run(q, k, v, p, bits, *, base, mode, eps=1e-6, block=16, valid_len=None, alpha=0.0):
+def _run(q, k, v, p, bits, *, base, mode, eps=1e-6, block=16, valid_len=None, alpha=0.0, thin_seed=None):
     out, lse, info = soft_label_attention(
-        q, k, v, p, bits, base=base, mode=mode, eps=eps, valid_len=valid_len, block=block, hard_weight=alpha
+        q, k, v, p, bits, base=base, mode=mode, eps=eps, valid_len=valid_len, block=block, hard_weight=alpha,
+        thin_seed=thin_seed,
     )
-    return out, lse, info["keys"], info["edges"]
+    return out, lse, info["keys"], info["edges"], info["dropped"]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -52,12 +59,35 @@ def test_soft_and_ramp_phases_match_the_dense_oracle(causal):
     z = oracles.z_from_labels(np.asarray(B.top_k_labels(r, 2)[0, 0]), L)
     hard = oracles.hard_mask(z, h).astype(np.float64)
     for alpha in (0.0, 0.6):
-        out, _, keys, edges = _run(q, k, v, p, bits, base=base, mode="soft", alpha=alpha)
+        out, _, keys, edges, _ = _run(q, k, v, p, bits, base=base, mode="soft", alpha=alpha)
         args = (np.asarray(q[0]), np.asarray(k[0]), np.asarray(v[0]), np.asarray(p[0, 0]), h, 1e-6)
         want = _soft_oracle(*args, alpha=alpha, hard=hard)
         np.testing.assert_allclose(np.asarray(out[0]), want, atol=2e-5, rtol=2e-5)
     np.testing.assert_array_equal(np.asarray(keys[0, 0]), hard.sum(-1))
     np.testing.assert_array_equal(np.asarray(edges[0, 0]), h.sum(-1))
+    # The ramp's thinning: a dropped edge takes part iff its draw for (seed, u, v) is >= α; the rest as above.
+    alpha, step = 0.6, 7
+    present = np.asarray(thinning.present(thinning.seeds(step, 1)[0], np.arange(N)[:, None], np.arange(N)[None], alpha))
+    live = h & ((hard > 0) | present)
+    assert h.sum() > live.sum() > hard.sum()  # some dropped edges in, some out
+    out, _, _, edges, dropped = _run(q, k, v, p, bits, base=base, mode="soft", alpha=alpha, thin_seed=jnp.int32(step))
+    np.testing.assert_array_equal(np.asarray(edges[0, 0]), live.sum(-1))  # the keys the thinned rows weigh
+    args = (np.asarray(q[0]), np.asarray(k[0]), np.asarray(v[0]), np.asarray(p[0, 0]), live, 1e-6)
+    np.testing.assert_allclose(np.asarray(out[0]), _soft_oracle(*args, alpha=alpha, hard=hard), atol=2e-5, rtol=2e-5)
+    # `dropped`: the weight on live edges the hard pattern drops, mean over the label head's two attention heads.
+    want = np.mean([oracles.weights(q[0, :, j], k[0, :, 0], live, _blend_bias(p[0, 0], hard, alpha, 1e-6))
+                    for j in range(2)], axis=0)
+    np.testing.assert_allclose(np.asarray(dropped[0, 0]), (want * (live & (hard == 0))).sum(-1), atol=2e-5)
+
+
+def test_thinning_draws_each_dropped_edge_with_probability_one_minus_alpha_afresh_every_step():
+    u, v = np.arange(300)[:, None], np.arange(300)[None]
+    draws = [np.asarray(thinning.present(thinning.seeds(step, 2)[j], u, v, 0.3)) for step in (0, 1) for j in (0, 1)]
+    for d in draws:  # 90 000 draws each: the standard error of the frequency is 0.0015
+        assert abs(d.mean() - 0.7) < 0.01
+    for a, b in zip(draws, draws[1:]):  # other step or other row: independent, agreement 0.7² + 0.3² = 0.58
+        assert abs(np.mean(a == b) - 0.58) < 0.01
+    assert np.all(np.asarray(thinning.present(5, u, v, 0.0))) and not np.any(np.asarray(thinning.present(5, u, v, 1.0)))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -108,7 +138,7 @@ def test_rows_sum_to_one_with_self_loops_even_when_disconnected():
     p = jnp.full((1, 1, n, L), 1e-3)
     bits = B.pack_labels(jnp.zeros((1, 1, n, 1), jnp.int32), L)
     for mode in ("soft", "straight_through"):
-        out, _, keys, _ = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
+        out, _, keys, _, _ = _run(q, k, ones, p, bits, base=base, mode=mode, valid_len=jnp.asarray([20]))
         assert np.all(np.isfinite(np.asarray(out))) and np.all(np.asarray(keys)[0, 0, :20] == 1)
         np.testing.assert_allclose(np.asarray(out)[0, :20], 1.0, atol=1e-6)  # softmax rows sum to 1
         np.testing.assert_array_equal(np.asarray(out)[0, 20:], 0.0)

@@ -2,7 +2,9 @@
 
 Soft: logits s_uv = q·k/√D + log(q_uv + ε) on E(H) ∪ self (q_uu := 1), softmax over N_H(u). With a hard weight
 α > 0 (the ramp phase) the score is blended into the hard pattern: log((1 - α) q_uv + α A_uv + ε), so at α = 1 the
-weights are hard attention's up to ε (docs/labels.md, "Phase transitions").
+weights are hard attention's up to ε. Given a seed, the ramp also thins the edges the hard pattern drops: each takes
+part with probability 1 - α (`patterns.labels.thinning`), so that the model cannot offset the blend's finite
+penalty with larger scores (docs/labels.md, "Phase transitions").
 Straight-through: the forward pass is the hard pattern (in H, m_u & m_v != 0, plus self); the weights are
 A_uv e^{s_uv} / Σ A e^{s} with A = A_hard + q - stop_gradient(q), so the router receives the soft phase's gradient
 through q on every edge of H (also on the edges the hard mask drops), while the output equals hard attention.
@@ -26,7 +28,7 @@ from sparse_attn.executors.labels.bucketed import band_rows
 from sparse_attn.executors.labels.heads import merge_heads, split_heads
 from sparse_attn.executors.softmax import finite_rows, masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
-from sparse_attn.patterns.labels import soft
+from sparse_attn.patterns.labels import soft, thinning
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
 MODES = ("soft", "straight_through")
@@ -35,8 +37,8 @@ MODES = ("soft", "straight_through")
 _EXP_CAP = 0.0
 
 
-def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, alpha, *, base: BaseGraph, mode, eps, scale,
-         block):
+def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alpha, *, base: BaseGraph, mode, eps,
+         scale, block, thin):
     n, g, r, dh = q_NxGxRxD.shape
     w = min(base.radius, n)
     nb = -(-n // block)
@@ -67,7 +69,8 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, alpha, *,
     if mode == "soft":
         mixed = jnp.log((1.0 - alpha) * jnp.exp(bias) + alpha * (hard.astype(jnp.float32) + eps))
         bias = jnp.where(alpha > 0, mixed, bias)
-        p, lse = masked_softmax(s + jnp.where(selfp, 0.0, bias)[:, None, None], edge[:, None, None])
+        live = edge & (hard | thinning.present(seed, qpos, kpos, alpha)) if thin else edge
+        p, lse = masked_softmax(s + jnp.where(selfp, 0.0, bias)[:, None, None], live[:, None, None])
     else:
         q_soft = jnp.where(selfp, 1.0, jnp.exp(bias) - eps)
         a_st = hard.astype(jnp.float32) + q_soft - jax.lax.stop_gradient(q_soft)
@@ -85,10 +88,14 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, alpha, *,
     o = jnp.einsum("xgrbc,xcgd->xbgrd", p, vk).reshape(nb * block, g, r, dh)[:n]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:n]
     keys_N = jnp.sum(hard, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
-    edges_N = jnp.sum(edge, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
+    # The forward's weight on edges the hard pattern drops (mean over this group's heads): 0 in straight-through.
+    drop = (edge & ~hard)[:, None, None]
+    dropped_N = jnp.mean(jnp.sum(jnp.where(drop, jax.lax.stop_gradient(p), 0.0), axis=-1), axis=(1, 2))
+    dropped_N = dropped_N.reshape(-1)[:n]
+    edges_N = jnp.sum(live if mode == "soft" else edge, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
     read = (edge if mode == "soft" else hard).astype(jnp.float32)
     reads = jnp.einsum("xbc,xcg->xbg", read, keys(kv_bad_NxG.astype(jnp.float32))) > 0
-    return o, lse, keys_N, edges_N, reads.reshape(nb * block, g)[:n]
+    return o, lse, keys_N, edges_N, dropped_N, reads.reshape(nb * block, g)[:n]
 
 
 def soft_label_attention(
@@ -105,6 +112,7 @@ def soft_label_attention(
     valid_len=None,
     block: int = 64,
     hard_weight=0.0,
+    thin_seed=None,
 ):
     """Soft or straight-through label attention.
 
@@ -113,10 +121,16 @@ def soft_label_attention(
       bits_BxPxNxW: uint32 top-k bitmasks (the hard pattern of the straight-through forward, and statistics).
       mode: "soft" or "straight_through".
       hard_weight: α in [0, 1] (float scalar, may be traced), soft mode only: blends q_uv into the hard pattern.
+      thin_seed: None, or an integer scalar (the step; may be traced): with α > 0 each edge the hard pattern drops
+        then takes part with probability 1 - α, drawn per (batch row, label head, query, key) from this seed
+        (`patterns.labels.thinning`). None: every edge of H takes part.
 
     Returns:
       out [B, N, H, D], lse [B, N, H], and info: `keys` int32[B, P, N] (keys the hard pattern allows, self
-      included), `edges` int32[B, P, N] (edges of H, self included: the keys a soft row weighs). A row that reads
+      included), `edges` int32[B, P, N] (edges of H, self included: the keys a soft row weighs; with thinning,
+      those present), `dropped`
+      float32[B, P, N] (the attention weight the forward puts on edges the hard pattern drops, mean over the label
+      head's attention heads; 0 in straight-through mode, no gradient). A row that reads
       a non-finite q, k or v gives NaN in out and lse.
     """
     if mode not in MODES:
@@ -141,11 +155,14 @@ def soft_label_attention(
 
     alpha = jax.lax.stop_gradient(jnp.asarray(hard_weight, jnp.float32))
 
-    def one(q, k, v, bad, p, bits, length):
-        kw = dict(base=base, mode=mode, eps=eps, scale=scale, block=min(block, n))
-        return _one(q, k, v, bad, p, bits, length, alpha, **kw)
+    thin = thin_seed is not None
+    seed_BxP = thinning.seeds(thin_seed if thin else 0, b * pp).reshape(b, pp)
 
-    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None))
-    out, lse, keys, edges, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl)
+    def one(q, k, v, bad, p, bits, length, seed):
+        kw = dict(base=base, mode=mode, eps=eps, scale=scale, block=min(block, n), thin=thin)
+        return _one(q, k, v, bad, p, bits, length, seed, alpha, **kw)
+
+    per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, 0))
+    out, lse, keys, edges, dropped, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl, seed_BxP)
     out, lse = merge_heads(out, lse, reads, q_bad, q_BxNxHxD.dtype)
-    return out, lse, dict(keys=keys, edges=edges)
+    return out, lse, dict(keys=keys, edges=edges, dropped=dropped)

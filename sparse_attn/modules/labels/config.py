@@ -32,6 +32,10 @@ class LabelAttentionConfig:
     (`ramp_steps` default 0, `anneal_steps` default `soft_steps`), whatever the run's length.
     Memberships: "centred" σ((R - θ)/τ) with θ between the k-th and (k+1)-th logit (tends to the top-k labels the
     hard phase uses), or "sigmoid" σ(R/τ).
+    ramp_thinning: in the ramp, each edge the hard pattern drops takes part with probability 1 - α (drawn afresh
+    every step), besides being down-weighted; False: down-weighted only (the ramp before the thinning).
+    freeze_router_when_hard: no gradient to the router in the hard phase, from the router losses either (its top-k
+    gets none from the task there); False: the router losses keep moving it.
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · (CV² or Switch),
     z_loss_weight · router z-loss.
@@ -49,6 +53,8 @@ class LabelAttentionConfig:
     per_head_labels: bool = False
     phase: str = "schedule"
     membership: str = "centred"
+    ramp_thinning: bool = True
+    freeze_router_when_hard: bool = True
     num_steps: int | None = None
     soft_frac: float = 0.3
     ramp_frac: float = 0.2

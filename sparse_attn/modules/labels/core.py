@@ -1,7 +1,8 @@
 """The label attention core (docs/labels.md): routing logits and projected q, k, v -> output and aux, per phase.
 
   soft              p = memberships(R, τ); logits q·k/√D + log(q_uv + ε) on E(H) (`executors.labels.soft`)
-  ramp              the soft score blended into the hard pattern, weight α rising 0 -> 1 over the phase
+  ramp              the soft score blended into the hard pattern, weight α rising 0 -> 1 over the phase, and the
+                    edges the hard pattern drops thinned (each present with probability 1 - α, drawn per step)
   straight-through  the hard pattern forward, the soft score's gradient to the router
   hard              top-k labels -> `LabelPattern` -> `sparse_attn.attention` (default "bucketed", exact for any
                     router), whose aux gives each query's allowed keys and the band tier it chose
@@ -35,14 +36,17 @@ def memberships(r_BxPxNxL, tau, *, kind: str, top_k: int):
 
 def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, steps: schedule.Schedule | None = None):
     """Attention output [B, N, H, D] and aux: keys / hard_keys int32[B, P, N], overflow, needed, reach, p, labels,
-    tau, phase, hard_weight.
+    tau, phase, hard_weight, dropped float32[B, P, N], r (the routing logits the router losses take: without
+    gradient in the hard phase under `cfg.freeze_router_when_hard`).
 
     `cfg`: a `LabelAttentionConfig`; `steps`: its phase lengths for this run (default: for the config's
     `num_steps`, else `schedule.DEFAULT_NUM_STEPS`). The phase follows `cfg.phase` (or the step, under "schedule":
     one `lax.switch`, so a jitted train step never recompiles when the phase changes).
-    `keys`: what each query attends in this forward (soft and ramp: every edge of H, weighted; straight-through and
-    hard: the hard pattern); `hard_keys`: the hard pattern's keys (self included). `overflow`: hard-phase bucket
-    entries whose range exceeded the planned reach (they ran a wider band tier, exactly); `needed`: the widest reach a block needed; `reach`: the planned reach.
+    `keys`: what each query attends in this forward (soft: every edge of H, weighted; ramp: those the thinning
+    keeps; straight-through and hard: the hard pattern); `hard_keys`: the hard pattern's keys (self included).
+    `overflow`: hard-phase bucket entries whose range exceeded the planned reach (they ran a wider band tier,
+    exactly); `needed`: the widest reach a block needed; `reach`: the planned reach.
+    `dropped`: the forward's attention weight on edges the hard pattern drops (soft and ramp; 0 afterwards).
     """
     n = q.shape[1]
     steps = cfg.phase_steps(cfg.num_steps or schedule.DEFAULT_NUM_STEPS) if steps is None else steps
@@ -54,6 +58,10 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     else:
         idx = jnp.int32(schedule.PHASES[cfg.phase])
         alpha = jnp.float32(0.0)
+    if cfg.freeze_router_when_hard:
+        # The hard phase's top-k has no task gradient; the router losses alone would still move the router, and the
+        # pattern with it, with no regard for the task (docs/labels.md, "Phase transitions"): frozen there.
+        r_BxPxNxL = jnp.where(idx == schedule.HARD, jax.lax.stop_gradient(r_BxPxNxL), r_BxPxNxL)
     p = memberships(r_BxPxNxL, tau, kind=cfg.membership, top_k=cfg.top_k)
     labels = bits_lib.top_k_labels(jax.lax.stop_gradient(r_BxPxNxL), cfg.top_k)
     bits = bits_lib.pack_labels(labels, cfg.num_labels)
@@ -63,23 +71,23 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     def soft_like(mode):
         def run():
             kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
-            o, _, info = soft_label_attention(q, k, v, p, bits, hard_weight=alpha, **kw)
-            return o, info["edges"] if mode == "soft" else info["keys"], info["keys"], zero, zero
+            seed = step if cfg.ramp_thinning and mode == "soft" else None
+            o, _, info = soft_label_attention(q, k, v, p, bits, hard_weight=alpha, thin_seed=seed, **kw)
+            return o, info["edges"] if mode == "soft" else info["keys"], info["keys"], zero, zero, info["dropped"]
 
         return run
 
     def hard():
         o, keys, overflow, needed = hard_attention(q, k, v, labels, cfg, base, valid_len, reach)
-        return o, keys, keys, overflow, needed
+        return o, keys, keys, overflow, needed, jnp.zeros(keys.shape, jnp.float32)
 
     branches = (soft_like("soft"), soft_like("straight_through"), hard)
     if cfg.phase == "schedule":
-        o, keys, hard_keys, overflow, needed = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
+        o, keys, hard_keys, overflow, needed, dropped = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
     else:
-        o, keys, hard_keys, overflow, needed = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
+        o, keys, hard_keys, overflow, needed, dropped = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
     aux = dict(keys=keys, hard_keys=hard_keys, overflow=overflow, needed=needed, reach=reach, p=p, labels=labels,
-               tau=tau, phase=idx,
-               hard_weight=alpha)
+               tau=tau, phase=idx, hard_weight=alpha, dropped=dropped, r=r_BxPxNxL)
     return o, aux
 
 

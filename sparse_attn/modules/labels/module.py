@@ -81,7 +81,7 @@ class LabelAttention(nnx.Module):
         elif cfg.balance == "switch":
             aux_losses["label_balance"] = cfg.balance_weight * losses.switch(hard_sizes, soft_sizes)
         if cfg.z_loss_weight:
-            aux_losses["label_z_loss"] = cfg.z_loss_weight * losses.z_loss(r, valid_len)
+            aux_losses["label_z_loss"] = cfg.z_loss_weight * losses.z_loss(aux["r"], valid_len)
 
         stats = label_stats(
             aux["keys"],
@@ -94,6 +94,7 @@ class LabelAttention(nnx.Module):
             overflow=aux["overflow"],
             needed=aux["needed"],
             reach=aux["reach"],
+            dropped_BxPxN=aux["dropped"],
         )
         stats.update(tau=aux["tau"], phase=aux["phase"].astype(jnp.float32), hard_weight=aux["hard_weight"])
         stats = {name: jax.lax.stop_gradient(val) for name, val in stats.items()}

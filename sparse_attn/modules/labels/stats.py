@@ -17,7 +17,7 @@ def _live(shape, valid_len):
 
 
 def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_dim: int, causal: bool,
-                valid_len=None, overflow=0, needed=0, reach=1):
+                valid_len=None, overflow=0, needed=0, reach=1, dropped_BxPxN=None):
     """Scalar statistics of one layer's forward.
 
     Args:
@@ -26,6 +26,7 @@ def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_di
       hard_keys_BxPxN: int32 keys the hard pattern allows (self included): degree and disconnection.
       sizes_BxPxL: int32 hard bucket sizes.
       overflow, needed, reach: the hard executor's capacity figures (0 outside the hard phase).
+      dropped_BxPxN: float32 attention weight on edges the hard pattern drops (soft phases; None: 0).
     """
     b, p, n = keys_BxPxN.shape
     live = _live(keys_BxPxN.shape, valid_len)
@@ -49,6 +50,8 @@ def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_di
         attention_flops=4.0 * pairs * head_dim,
         flops_vs_dense=pairs / jnp.maximum(dense, 1.0),
     )
+    if dropped_BxPxN is not None:
+        out["dropped_mass"] = jnp.sum(jnp.where(live, dropped_BxPxN, 0.0)) / count
     for j in range(len(HIST_EDGES) - 1):
         out[f"bucket_hist/{HIST_EDGES[j]:g}-{HIST_EDGES[j + 1]:g}"] = hist[j].astype(jnp.float32)
     return out
