@@ -1,6 +1,7 @@
 """Train a tiny LM for a few steps, then evaluate its checkpoint and generate from it through the entry points."""
 
 import dataclasses
+import fcntl
 import gc
 import io
 import json
@@ -15,10 +16,24 @@ from sparse_attn.train import TrainConfig
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """1 local + 1 label layer x 32 wide, 4 steps on a small text folder (checkpoints at 2 and 4)."""
-    root = tmp_path_factory.mktemp("lm")
-    (root / "text").mkdir()
+def run(tmp_path_factory, worker_id):
+    """1 local + 1 label layer x 32 wide, 4 steps on a small text folder (checkpoints at 2 and 4). Trained once per
+    test session: pytest-xdist workers share the base temp directory's parent, so the first worker trains under a
+    file lock and the others wait for it and read the same run (the tests only read it)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent
+    root = shared / "decode_lm_run"
+    with open(shared / "decode_lm_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "eval.json").exists():
+            _train(root)
+        summary = {"eval": json.loads((root / "eval.json").read_text())}
+    return str(root / "run"), summary, root
+
+
+def _train(root):
+    shutil.rmtree(root, ignore_errors=True)  # a run cut short by an earlier session
+    (root / "text").mkdir(parents=True)
     for i in range(30):
         (root / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
     attention = (lm.attention_by_name("local", 16), lm.attention_by_name("labels", 16))
@@ -28,9 +43,8 @@ def run(tmp_path_factory):
         train=TrainConfig(global_batch=8, seq_len=16, num_steps=4, warmup_steps=1, checkpoint_every=2,
                           eval_every=4, eval_batches=2, progress=False),
     )
-    workdir = str(root / "run")
-    summary = lm.train_and_evaluate(config, workdir, log=lambda m: None)
-    return workdir, summary, root
+    summary = lm.train_and_evaluate(config, str(root / "run"), log=lambda m: None)
+    (root / "eval.json").write_text(json.dumps({k: float(v) for k, v in summary["eval"].items()}))
 
 
 def test_evaluate_reproduces_the_final_eval(run, capsys):
