@@ -12,7 +12,8 @@ import jax.numpy as jnp
 
 
 def mix32(x):
-    """A 32-bit integer finaliser (xor-shift-multiply, full avalanche); uint32 in, uint32 out."""
+    """A 32-bit integer finaliser (xor-shift-multiply, full avalanche); uint32 in, uint32 out. Shifts and multipliers
+    are the published "lowbias32" constants of C. Wellons' hash-prospector search."""
     x = jnp.asarray(x, jnp.uint32)
     x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
     x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
