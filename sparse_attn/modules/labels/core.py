@@ -78,7 +78,7 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
         return run
 
     def hard():
-        o, keys, overflow, needed = hard_attention(q, k, v, labels, cfg, base, valid_len, reach)
+        o, keys, overflow, needed = hard_attention(q, k, v, labels, bits, cfg, base, valid_len, reach)
         return o, keys, keys, overflow, needed, jnp.zeros(keys.shape, jnp.float32)
 
     branches = (soft_like("soft"), soft_like("straight_through"), hard)
@@ -91,11 +91,12 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     return o, aux
 
 
-def hard_attention(q, k, v, labels_BxPxNxK, cfg, base: BaseGraph, valid_len, reach: int):
+def hard_attention(q, k, v, labels_BxPxNxK, bits, cfg, base: BaseGraph, valid_len, reach: int):
     """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the platform's default for
     `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed). Executors without diagnostics
-    ("reference", "xla", "pallas") report keys from the pattern and no band overflow."""
-    pattern = LabelPattern.from_labels(labels_BxPxNxK, cfg.num_labels, base=base, valid_len=valid_len)
+    ("reference", "xla", "pallas") report keys from the pattern and no band overflow. `bits`: the labels packed
+    (`bits.pack_labels`), already built by the core."""
+    pattern = LabelPattern(bits, valid_len, base, labels_BxPxNxK, cfg.num_labels)
     impl = cfg.implementation or default_implementation(None, LabelPattern)
     opts = dict(block=cfg.block, reach=reach) if impl == "bucketed" else {}
     o, info = attention(q, k, v, pattern, implementation=impl, return_aux=True, **opts)
