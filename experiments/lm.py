@@ -71,12 +71,14 @@ def _abca(window: int, impl: str | None):
 ATTENTION_NAMES = ("dense", "local", "longformer", "bigbird", "labels", "abca")
 
 
-# The implementation each mechanism runs on CPU when none is asked for: "reference" (dense masked) only where it
-# was faster than the default executor at the smoke shapes in `python -m experiments.bench_lm_step`. Measured
-# (experiments/results/bench_lm_step{,_runs}.md): "reference" was faster for local in 2 of 3 runs (CPU time 0.79x);
-# the default for ABCA (1.2-3.1x) and dense (1.0-1.8x); BigBird and Longformer flipped between runs on the shared
-# machine, so they keep the default. Labels have no implementation option. Accelerators use None.
-CPU_IMPLEMENTATION = {"dense": None, "local": "reference", "longformer": None, "bigbird": None, "abca": None}
+# The implementation each mechanism runs on CPU when none is asked for, by measurement (`python -m
+# experiments.bench_lm_step --rounds 3` at n = 128 on a quiet machine, `--seq_len 512 --batch 8 --rounds 2 --tag n512`
+# at load ~4; experiments/results/bench_lm_step{,_n512}.md; reference/default CPU time): dense takes "reference"
+# (0.97x at 128, 0.84x at 512: the materialised softmax beats the blocked "xla" default); local (1.03x, 1.45x),
+# Longformer (0.94x, 1.27x), BigBird (0.84x, 1.16x) and ABCA (1.35x at 128) keep their default executors, which win
+# from the grids' lengths (256-1024) on. Losses agree to 5e-7. Labels pick only their hard phase's executor
+# (`LabelAttentionConfig.implementation`). Accelerators use None.
+CPU_IMPLEMENTATION = {"dense": "reference", "local": None, "longformer": None, "bigbird": None, "abca": None}
 AUTO = "auto"
 
 
