@@ -452,8 +452,9 @@ def bucketed_attention(
       NaN in both, and every other row, and the gradients of a loss that skips those rows, are what finite values
       there would give), exact for any labels, and info: `overflow` (int32, bucket entries over the batch whose
       range the planned `reach` does not hold; when > 0 the batch ran a wider band tier), `reach` (int32, the
-      tier's reach that ran), `needed` (int32, the widest reach a block of the batch needed: the planned reach
-      holds the batch iff needed <= reach), `keys` (int32[B, P, N], allowed keys per token, self included).
+      tier's reach that ran), `tier` (int32, its index in `fallback_reaches`: 0 = the planned band), `needed`
+      (int32, the widest reach a block of the batch needed: the planned reach holds the batch iff needed <= reach),
+      `keys` (int32[B, P, N], allowed keys per token, self included).
     """
     b, n, h, dh = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
@@ -495,4 +496,4 @@ def bucketed_attention(
     out, lse, keys, reads = jax.vmap(per_head)(q6, k5, v5, bad4, labels, lay, vl)
     out, lse = merge_heads(out, lse, reads, q_bad, q_BxNxHxD.dtype)
     used = jnp.asarray(reaches, jnp.int32)[tier]
-    return out, lse, dict(overflow=overflow, reach=used, needed=needed, keys=keys)
+    return out, lse, dict(overflow=overflow, reach=used, tier=tier, needed=needed, keys=keys)

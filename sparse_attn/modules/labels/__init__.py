@@ -1,6 +1,7 @@
 """Label-intersection attention (seed 001, docs/labels.md): config, NNX layer, core, statistics, routing head."""
 
 from sparse_attn.executors.labels.soft import soft_label_attention
+from sparse_attn.modules.labels.calibrate import calibrate_reach
 from sparse_attn.modules.labels.config import LabelAttentionConfig
 from sparse_attn.modules.labels.core import label_core
 from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS, LabelAttention
@@ -14,6 +15,7 @@ __all__ = [
     "LabelAttention",
     "LabelAttentionConfig",
     "LabelRouter",
+    "calibrate_reach",
     "label_core",
     "label_stats",
     "soft_label_attention",

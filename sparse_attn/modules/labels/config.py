@@ -39,6 +39,10 @@ class LabelAttentionConfig:
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · (CV² or Switch),
     z_loss_weight · router z-loss.
+    Capacity (the "bucketed" hard executor): `reach` key entries read on each side of a block of `block` bucket
+    entries — the planned band, tier 0; None: `reach_factor` x the balanced buckets' expectation + 4σ
+    (`default_reach`). Batches that need more run a wider exact tier (`reach_tier` > 0); `calibrate_reach` sets a
+    trained model's layers from the reach its batches needed.
     implementation: the hard phase's executor for its `LabelPattern` (None: the platform's default, "bucketed";
     "reference" is the dense oracle; "xla" / "pallas" run only without landmarks).
     """
@@ -72,6 +76,7 @@ class LabelAttentionConfig:
     balance_weight: float = 1e-2
     z_loss_weight: float = 0.0
     block: int = 128
+    reach: int | None = None
     reach_factor: float = 1.25
     soft_block: int = 64
     num_kv_heads: int | None = None
@@ -94,6 +99,9 @@ class LabelAttentionConfig:
             raise ValueError("radius and landmark_every must be >= 0 and router_hidden >= 1")
         if self.block < 1 or self.soft_block < 1 or self.reach_factor <= 0 or not 0 < self.eps < 1:
             raise ValueError("block, soft_block >= 1, reach_factor > 0 and 0 < eps < 1 required")
+        bad_reach = not isinstance(self.reach, int) or isinstance(self.reach, bool) or self.reach < 0
+        if self.reach is not None and bad_reach:
+            raise ValueError(f"reach must be None or an int >= 0, got {self.reach!r}")
         if self.num_steps is not None and self.num_steps < 1:
             raise ValueError(f"num_steps must be None or >= 1, got {self.num_steps}")
         schedule.check_fractions(**self.fractions)

@@ -34,9 +34,10 @@ def memberships(r_BxPxNxL, tau, *, kind: str, top_k: int):
     return soft.centred_memberships(r_BxPxNxL, tau, top_k) if kind == "centred" else soft.memberships(r_BxPxNxL, tau)
 
 
-def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, steps: schedule.Schedule | None = None):
-    """Attention output [B, N, H, D] and aux: keys / hard_keys int32[B, P, N], overflow, needed, reach, p, labels,
-    tau, phase, hard_weight, dropped float32[B, P, N], r (the routing logits the router losses take: without
+def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, steps: schedule.Schedule | None = None,
+               reach: int | None = None):
+    """Attention output [B, N, H, D] and aux: keys / hard_keys int32[B, P, N], overflow, needed, tier, reach, p,
+    labels, tau, phase, hard_weight, dropped float32[B, P, N], r (the routing logits the router losses take: without
     gradient in the hard phase under `cfg.freeze_router_when_hard`).
 
     `cfg`: a `LabelAttentionConfig`; `steps`: its phase lengths for this run (default: for the config's
@@ -45,7 +46,9 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     `keys`: what each query attends in this forward (soft: every edge of H, weighted; ramp: those the thinning
     keeps; straight-through and hard: the hard pattern); `hard_keys`: the hard pattern's keys (self included).
     `overflow`: hard-phase bucket entries whose range exceeded the planned reach (they ran a wider band tier,
-    exactly); `needed`: the widest reach a block needed; `reach`: the planned reach.
+    exactly); `needed`: the widest reach a block needed; `tier`: the band tier that ran (0: the planned band; 0
+    outside the hard phase); `reach`: the planned reach — the argument (a calibrated capacity), else `cfg.reach`,
+    else `default_reach` for balanced buckets (`planned_reach`).
     `dropped`: the forward's attention weight on edges the hard pattern drops (soft and ramp; 0 afterwards).
     """
     n = q.shape[1]
@@ -65,7 +68,7 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     p = memberships(r_BxPxNxL, tau, kind=cfg.membership, top_k=cfg.top_k)
     labels = bits_lib.top_k_labels(jax.lax.stop_gradient(r_BxPxNxL), cfg.top_k)
     bits = bits_lib.pack_labels(labels, cfg.num_labels)
-    reach = default_reach(n, base, cfg.num_labels, cfg.top_k, cfg.reach_factor)
+    reach = planned_reach(cfg, n) if reach is None else reach
     zero = jnp.int32(0)
 
     def soft_like(mode):
@@ -73,29 +76,39 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
             kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
             seed = step if cfg.ramp_thinning and mode == "soft" else None
             o, _, info = soft_label_attention(q, k, v, p, bits, hard_weight=alpha, thin_seed=seed, **kw)
-            return o, info["edges"] if mode == "soft" else info["keys"], info["keys"], zero, zero, info["dropped"]
+            keys = info["edges"] if mode == "soft" else info["keys"]
+            return o, keys, info["keys"], zero, zero, zero, info["dropped"]
 
         return run
 
     def hard():
-        o, keys, overflow, needed = hard_attention(q, k, v, labels, bits, cfg, base, valid_len, reach)
-        return o, keys, keys, overflow, needed, jnp.zeros(keys.shape, jnp.float32)
+        o, keys, overflow, needed, tier = hard_attention(q, k, v, labels, bits, cfg, base, valid_len, reach)
+        return o, keys, keys, overflow, needed, tier, jnp.zeros(keys.shape, jnp.float32)
 
     branches = (soft_like("soft"), soft_like("straight_through"), hard)
     if cfg.phase == "schedule":
-        o, keys, hard_keys, overflow, needed, dropped = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
+        outs = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
     else:
-        o, keys, hard_keys, overflow, needed, dropped = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
-    aux = dict(keys=keys, hard_keys=hard_keys, overflow=overflow, needed=needed, reach=reach, p=p, labels=labels,
-               tau=tau, phase=idx, hard_weight=alpha, dropped=dropped, r=r_BxPxNxL)
+        outs = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
+    o, keys, hard_keys, overflow, needed, tier, dropped = outs
+    aux = dict(keys=keys, hard_keys=hard_keys, overflow=overflow, needed=needed, tier=tier, reach=reach, p=p,
+               labels=labels, tau=tau, phase=idx, hard_weight=alpha, dropped=dropped, r=r_BxPxNxL)
     return o, aux
+
+
+def planned_reach(cfg, n: int) -> int:
+    """The hard phase's planned band reach for length n: `cfg.reach` when set, else `default_reach` (balanced
+    buckets, `cfg.reach_factor`)."""
+    if cfg.reach is not None:
+        return cfg.reach
+    return default_reach(n, BaseGraph(radius=cfg.radius), cfg.num_labels, cfg.top_k, cfg.reach_factor)
 
 
 def hard_attention(q, k, v, labels_BxPxNxK, bits, cfg, base: BaseGraph, valid_len, reach: int):
     """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the platform's default for
-    `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed). Executors without diagnostics
-    ("reference", "xla", "pallas") report keys from the pattern and no band overflow. `bits`: the labels packed
-    (`bits.pack_labels`), already built by the core."""
+    `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed, tier). Executors without diagnostics
+    ("reference", "xla", "pallas") report keys from the pattern and no band overflow (tier 0). `bits`: the labels
+    packed (`bits.pack_labels`), already built by the core."""
     pattern = LabelPattern(bits, valid_len, base, labels_BxPxNxK, cfg.num_labels)
     impl = cfg.implementation or default_implementation(None, LabelPattern)
     opts = dict(block=cfg.block, reach=reach) if impl == "bucketed" else {}
@@ -103,4 +116,5 @@ def hard_attention(q, k, v, labels_BxPxNxK, bits, cfg, base: BaseGraph, valid_le
     shape = labels_BxPxNxK.shape[:3]
     keys = info["keys"] if "keys" in info else jnp.broadcast_to(key_counts(pattern)[0], shape)
     zero = jnp.int32(0)
-    return o, keys, info.get("overflow", zero).astype(jnp.int32), info.get("needed", zero).astype(jnp.int32)
+    overflow, needed, tier = (info.get(name, zero).astype(jnp.int32) for name in ("overflow", "needed", "tier"))
+    return o, keys, overflow, needed, tier

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
-from sparse_attn.modules.labels.core import label_core
+from sparse_attn.modules.labels.core import label_core, planned_reach
 from sparse_attn.modules.labels.router import LabelRouter
 from sparse_attn.modules.labels.stats import label_stats
 from sparse_attn.patterns.labels import losses, schedule
@@ -33,6 +33,8 @@ class LabelAttention(nnx.Module):
     def __init__(self, config: LabelAttentionConfig, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
         self.config = config
         self.num_steps = config.num_steps
+        self.reach = config.reach  # the planned hard-phase band (None: the config's default); `calibrate_reach` sets it
+        self.capture_needed = False  # `calibrate_reach`: sow the reach each hard forward needed
         self.proj = Projections(
             model_dim, num_heads, num_kv_heads=config.num_kv_heads, rope_base=config.rope_base, rngs=rngs
         )
@@ -56,6 +58,11 @@ class LabelAttention(nnx.Module):
         loop gave a run length (a loop of one's own calls `fit_schedule(num_steps)` after building the model)."""
         return self.config.phase_steps(self.num_steps or DEFAULT_NUM_STEPS)
 
+    def planned_reach(self, n: int) -> int:
+        """The hard phase's planned band reach at length n: the calibrated / configured `reach`, else the balanced
+        default (`core.planned_reach`)."""
+        return planned_reach(self.config, n) if self.reach is None else self.reach
+
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
         cfg = self.config
         b = x_BxNxD.shape[0]
@@ -68,7 +75,11 @@ class LabelAttention(nnx.Module):
         x_BxNxD = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))
         q, k, v = self.proj.qkv(x_BxNxD)
         r = self.router(x_BxNxD)
-        o, aux = label_core(q, k, v, r, cfg, base, step=step, valid_len=valid_len, steps=self.phase_steps())
+        reach = self.planned_reach(x_BxNxD.shape[1])
+        o, aux = label_core(q, k, v, r, cfg, base, step=step, valid_len=valid_len, steps=self.phase_steps(),
+                            reach=reach)
+        if self.capture_needed:
+            self.sow(nnx.Intermediate, "reach_needed", aux["needed"])
         p, labels = aux["p"], aux["labels"]
 
         hard_sizes = jax.vmap(jax.vmap(lambda lab, vl: bucket_sizes(lab, cfg.num_labels, vl), (0, None)))(
@@ -94,6 +105,7 @@ class LabelAttention(nnx.Module):
             overflow=aux["overflow"],
             needed=aux["needed"],
             reach=aux["reach"],
+            tier=aux["tier"],
             dropped_BxPxN=aux["dropped"],
         )
         stats.update(tau=aux["tau"], phase=aux["phase"].astype(jnp.float32), hard_weight=aux["hard_weight"])

@@ -17,7 +17,7 @@ def _live(shape, valid_len):
 
 
 def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_dim: int, causal: bool,
-                valid_len=None, overflow=0, needed=0, reach=1, dropped_BxPxN=None):
+                valid_len=None, overflow=0, needed=0, reach=1, tier=0, dropped_BxPxN=None):
     """Scalar statistics of one layer's forward.
 
     Args:
@@ -25,7 +25,9 @@ def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_di
         P = 1 or H label heads.
       hard_keys_BxPxN: int32 keys the hard pattern allows (self included): degree and disconnection.
       sizes_BxPxL: int32 hard bucket sizes.
-      overflow, needed, reach: the hard executor's capacity figures (0 outside the hard phase).
+      overflow, needed, reach, tier: the hard executor's capacity figures: entries over the planned reach, the reach
+        the batch needed, the planned reach, the band tier that ran (0: the planned band). 0 outside the hard phase
+        (reach: the planned one in every phase).
       dropped_BxPxN: float32 attention weight on edges the hard pattern drops (soft phases; None: 0).
     """
     b, p, n = keys_BxPxN.shape
@@ -44,6 +46,9 @@ def label_stats(keys_BxPxN, hard_keys_BxPxN, sizes_BxPxL, *, heads: int, head_di
         frac_disconnected=jnp.sum(live & (deg == 0)) / count,
         capacity_overflow=jnp.asarray(overflow, jnp.float32),
         reach_needed_ratio=jnp.asarray(needed, jnp.float32) / max(reach, 1),
+        reach_needed=jnp.asarray(needed, jnp.float32),
+        reach_planned=jnp.asarray(reach, jnp.float32),
+        reach_tier=jnp.asarray(tier, jnp.float32),
         bucket_size_mean=jnp.mean(s),
         bucket_size_min=jnp.min(s),
         bucket_size_max=jnp.max(s),
