@@ -167,8 +167,9 @@ def _geometry(nb, e, block, left, width, group):
 
 
 def _band_fwd(q_xBxGxRxD, k_pad, v_pad, mask, block, left, width, scale, group, shift):
-    """k_pad, v_pad: the entries with `shift + left` rows of zeros before them and enough after (`_shared_pad`).
-    mask: bool[x, B, C] precomputed, or `Ranges` to build it from one group at a time."""
+    """(out, lse, keys int32[x, B]: allowed keys per entry) of every block over its band. k_pad, v_pad: the entries
+    with `shift + left` rows of zeros before them and enough after (`_shared_pad`). mask: bool[x, B, C]
+    precomputed, or `Ranges` to build it from one group at a time."""
     nb = q_xBxGxRxD.shape[0]
     ng, rows = _geometry(nb, nb * block, block, left, width, group)
     mask_xs, bits_pad = _mask_groups(mask, group, left, rows)
@@ -187,19 +188,17 @@ def _band_fwd(q_xBxGxRxD, k_pad, v_pad, mask, block, left, width, scale, group, 
         alive = l > 0
         o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
         lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)
-        return None, (o, lse)
+        return None, (o, lse, jnp.sum(ok, axis=-1, dtype=jnp.int32))
 
     xs = (_groups(q_xBxGxRxD, group), mask_xs, jnp.arange(ng, dtype=jnp.int32))
-    _, (o, lse) = jax.lax.scan(one, None, xs)
-    o = o.reshape((-1,) + o.shape[2:])[:nb]
-    lse = lse.reshape((-1,) + lse.shape[2:])[:nb]
-    return o, lse
+    _, outs = jax.lax.scan(one, None, xs)
+    return tuple(x.reshape((-1,) + x.shape[2:])[:nb] for x in outs)
 
 
 def _band_bwd(block, left, width, scale, group, shift, res, cts):
     """The VJP of `_band_fwd`: (dq [x, B, G, R, D], dk, dv [x block, G, D] float32)."""
     q_all, k_pad, v_pad, mask, o_all, lse_all = res
-    do_all, dlse_all = cts  # the log-sum-exp merge differentiates lse too: d lse / d s = p
+    do_all, dlse_all = cts[:2]  # the log-sum-exp merge differentiates lse too: d lse / d s = p; keys: integer
     nb = q_all.shape[0]
     e_rows = nb * block
     ng, rows = _geometry(nb, e_rows, block, left, width, group)
@@ -258,7 +257,8 @@ def band_attention(q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, ranges: Ranges, tier, 
     Tier t reads the entries [x block - reaches[t], (x + 1) block + reaches[t]) (causal: up to the block's end);
     `tier` (int32, unbatched) picks the narrowest tier that holds every range, so the result is exact for any
     labels. Tier 0's mask `ok_xBxC` comes precomputed; wider tiers build theirs from `ranges` one scan step at a
-    time. Returns (out [x, B, G, R, D] float32, lse [x, G, R, B], -inf on empty rows). Blocks run a group at a
+    time. Returns (out [x, B, G, R, D] float32, lse [x, G, R, B], -inf on empty rows, keys int32[x, B]: allowed
+    keys per entry, counted from the forward's own masks, no gradient). Blocks run a group at a
     time in a scan, so score-sized temporaries stay small; a flash-style custom VJP keeps only the inputs, out and
     lse and recomputes the scores in the backward pass.
     """
@@ -288,8 +288,8 @@ def _tiered_fwd(q, k, v, ok, ranges, tier, block, reaches, scale, group, causal)
         mask = ok if t == 0 else ranges
         return _band_fwd(q, k_pad, v_pad, mask, block, reach, width, scale, grp, reaches[-1] - reach)
 
-    o, lse = _switch(tier, reaches, run)
-    return (o, lse), (q, k_pad, v_pad, ok, ranges, tier, o, lse)
+    o, lse, keys = _switch(tier, reaches, run)
+    return (o, lse, keys), (q, k_pad, v_pad, ok, ranges, tier, o, lse)
 
 
 def _tiered_bwd(block, reaches, scale, group, causal, res, cts):
@@ -306,24 +306,6 @@ def _tiered_bwd(block, reaches, scale, group, causal, res, cts):
 
 
 band_attention.defvjp(_tiered_fwd, _tiered_bwd)
-
-
-def _band_keys(ok_xBxC, ranges: Ranges, tier, block: int, reaches: tuple, group: int, causal: bool):
-    """int32[x, B]: allowed keys of each entry in the band of the tier in use (wider tiers: a group at a time)."""
-
-    def run(t):
-        if t == 0:
-            return jnp.sum(ok_xBxC, axis=-1, dtype=jnp.int32)
-        reach, width, grp = _tiers(reaches, causal, block, group)[t]
-        nb = ranges.lo_xB.shape[0]
-        ng, rows = _geometry(nb, ranges.bits_ExW.shape[0], block, reach, width, grp)
-        mask_xs, bits_pad = _mask_groups(ranges, grp, reach, rows)
-        count = lambda xs: jnp.sum(
-            _group_mask(xs[0], bits_pad, xs[1], grp, block, reach, width), axis=-1, dtype=jnp.int32
-        )
-        return jax.lax.map(count, (mask_xs, jnp.arange(ng, dtype=jnp.int32))).reshape(-1, block)[:nb]
-
-    return _switch(tier, reaches, run)
 
 
 def fallback_reaches(reach: int, radius: int, n: int) -> tuple:
@@ -369,12 +351,13 @@ def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, tier, scale, bl
     ranges = Ranges(lo, hi, below, lay.bits_E)
     ok_xBxC = band_mask(ranges, block, reaches[0], _width(block, reaches[0], causal))
 
-    o, lse = band_attention(
+    # The keys come from the pass's own masks: a separate count would build every wider tier's mask once more
+    # (one more switch to compile).
+    o, lse, keys = band_attention(
         q_xBxGxRxD, k_ExGxD, v_ExGxD, ok_xBxC, ranges, tier, block, reaches, scale, group, causal
     )
     o = o.reshape(nb * block, g, r, dh)[:e]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:e]
-    keys = _band_keys(ok_xBxC, ranges, tier, block, reaches, group, causal)
     return o, lse, keys.reshape(-1)[:e]
 
 
