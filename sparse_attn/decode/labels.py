@@ -17,6 +17,7 @@ from sparse_attn.decode.attend import attend, project, write_slot
 from sparse_attn.decode.registry import DecodeContext, register_decoder
 from sparse_attn.modules.labels import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
+from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels import schedule
 
 
@@ -44,7 +45,7 @@ def _num_landmarks(config, max_len: int) -> int:
 def init_cache(module: LabelAttention, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     cfg, proj = module.config, module.proj
     s, lm = min(cfg.radius + 1, max_len), _num_landmarks(cfg, max_len)
-    p, w = module.router.label_heads, bits_lib.num_words(cfg.num_labels)
+    p, w = module.router.label_heads, bits_lib.num_words(cfg.total_labels)
     g, d = proj.num_kv_heads, proj.head_dim
     return {
         "k": jnp.zeros((batch, s, g, d), dtype), "v": jnp.zeros((batch, s, g, d), dtype),
@@ -59,7 +60,11 @@ def step(module: LabelAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeCon
     pos = jnp.asarray(ctx.pos, jnp.int32)
     q, k, v = project(module.proj, x_Bx1xD, pos)
     labels_BxPx1xK = bits_lib.top_k_labels(module.router(x_Bx1xD), cfg.top_k)
-    bits_BxPxW = bits_lib.pack_labels(labels_BxPx1xK, cfg.num_labels)[:, :, 0]
+    if cfg.position_cell:  # the token's position labels at its absolute position, as in the full pass
+        extra_2 = position.position_labels(pos, cfg.position_cell, cfg.radius, cfg.num_labels)
+        extra = jnp.broadcast_to(extra_2, labels_BxPx1xK.shape[:3] + (2,)).astype(labels_BxPx1xK.dtype)
+        labels_BxPx1xK = jnp.concatenate([labels_BxPx1xK, extra], axis=-1)
+    bits_BxPxW = bits_lib.pack_labels(labels_BxPx1xK, cfg.total_labels)[:, :, 0]
 
     s = cache["pos"].shape[0]
     slot = pos % s

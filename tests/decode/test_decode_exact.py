@@ -40,7 +40,7 @@ LAYERS = (
     BigBirdAttention(radius=4, num_global=1, num_random=2, block=8),
     _labels(landmark_every=7, phase="hard", per_head_labels=True),
     # scheduled, evaluated at the end of its 10-step run: the hard phase
-    _labels(landmark_every=9, phase="schedule", num_steps=10),
+    _labels(landmark_every=9, phase="schedule", num_steps=10, position_cell=4),  # with position labels
     DenseAttention(num_kv_heads=1),
 )
 

@@ -10,7 +10,7 @@ from flax import nnx
 from sparse_attn.attention import available_implementations
 from sparse_attn.modules.labels.module import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
-from sparse_attn.patterns.labels import schedule
+from sparse_attn.patterns.labels import position, schedule
 from sparse_attn.patterns.labels.pattern import LabelPattern
 
 PHASE_CHOICES = ("schedule", "soft", "straight_through", "hard")
@@ -37,6 +37,9 @@ class LabelAttentionConfig:
     freeze_router_when_hard: no gradient to the router in the hard phase, from the router losses either (its top-k
     gets none from the task there); False: the router losses keep moving it.
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
+    position_cell: 0 = the seed's pattern; an even c >= 2 adds two position labels per token (its cell in two grids
+    of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept whatever the
+    router says (the near neighbours a byte LM needs most; docs/labels.md, "Position labels").
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · (CV² or Switch),
     z_loss_weight · router z-loss.
     Capacity (the "bucketed" hard executor): `reach` key entries read on each side of a block of `block` bucket
@@ -53,6 +56,7 @@ class LabelAttentionConfig:
     top_k: int = 2
     radius: int = 64
     landmark_every: int | None = None
+    position_cell: int = 0
     router_hidden: int = 64
     per_head_labels: bool = False
     phase: str = "schedule"
@@ -110,11 +114,17 @@ class LabelAttentionConfig:
             if value is not None and (value < 0 or (name == "anneal_steps" and value < 1)):
                 raise ValueError(f"{name} must be None or >= {int(name == 'anneal_steps')}, got {value}")
         schedule.temperature(0, tau_start=self.tau_start, tau_end=self.tau_end, anneal_steps=1)
+        position.check_cell(self.position_cell, self.radius, self.num_labels, bits_lib.MAX_LABELS)
 
     @property
     def landmarks(self) -> int:
         """The landmark stride in use (0: none)."""
         return self.radius if self.landmark_every is None else self.landmark_every
+
+    @property
+    def total_labels(self) -> int:
+        """Labels the pattern numbers: the router's `num_labels`, plus the position labels."""
+        return self.num_labels + position.num_position_labels(self.position_cell, self.radius)
 
     @property
     def fractions(self) -> dict:

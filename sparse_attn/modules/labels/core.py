@@ -20,7 +20,7 @@ from sparse_attn.attention import attention, default_implementation
 from sparse_attn.executors.labels.bucketed import default_reach
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
-from sparse_attn.patterns.labels import schedule, soft
+from sparse_attn.patterns.labels import position, schedule, soft
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.patterns.stats import key_counts
@@ -67,7 +67,12 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
         r_BxPxNxL = jnp.where(idx == schedule.HARD, jax.lax.stop_gradient(r_BxPxNxL), r_BxPxNxL)
     p = memberships(r_BxPxNxL, tau, kind=cfg.membership, top_k=cfg.top_k)
     labels = bits_lib.top_k_labels(jax.lax.stop_gradient(r_BxPxNxL), cfg.top_k)
-    bits = bits_lib.pack_labels(labels, cfg.num_labels)
+    # The pattern's labels: the router's, plus the position labels that keep near pairs (patterns/labels/position.py).
+    # The router's losses and statistics see its own labels and memberships only (aux p, labels).
+    labels_all, p_all, total = labels, p, cfg.num_labels
+    if cfg.position_cell:
+        labels_all, p_all, total = position.with_position_labels(labels, p, cfg.position_cell, cfg.radius)
+    bits = bits_lib.pack_labels(labels_all, total)
     reach = planned_reach(cfg, n) if reach is None else reach
     zero = jnp.int32(0)
 
@@ -75,14 +80,15 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
         def run():
             kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
             seed = step if cfg.ramp_thinning and mode == "soft" else None
-            o, _, info = soft_label_attention(q, k, v, p, bits, hard_weight=alpha, thin_seed=seed, **kw)
+            o, _, info = soft_label_attention(q, k, v, p_all, bits, hard_weight=alpha, thin_seed=seed, **kw)
             keys = info["edges"] if mode == "soft" else info["keys"]
             return o, keys, info["keys"], zero, zero, zero, info["dropped"]
 
         return run
 
     def hard():
-        o, keys, overflow, needed, tier = hard_attention(q, k, v, labels, bits, cfg, base, valid_len, reach)
+        o, keys, overflow, needed, tier = hard_attention(q, k, v, labels_all, bits, total, cfg, base, valid_len,
+                                                         reach)
         return o, keys, keys, overflow, needed, tier, jnp.zeros(keys.shape, jnp.float32)
 
     branches = (soft_like("soft"), soft_like("straight_through"), hard)
@@ -101,15 +107,18 @@ def planned_reach(cfg, n: int) -> int:
     buckets, `cfg.reach_factor`)."""
     if cfg.reach is not None:
         return cfg.reach
-    return default_reach(n, BaseGraph(radius=cfg.radius), cfg.num_labels, cfg.top_k, cfg.reach_factor)
+    reach = default_reach(n, BaseGraph(radius=cfg.radius), cfg.num_labels, cfg.top_k, cfg.reach_factor)
+    # A position label's bucket entries are runs of one cell: its ranges need up to `position_cell` entries.
+    return max(reach, min(-(-cfg.position_cell // 8) * 8, n)) if cfg.position_cell else reach
 
 
-def hard_attention(q, k, v, labels_BxPxNxK, bits, cfg, base: BaseGraph, valid_len, reach: int):
+def hard_attention(q, k, v, labels_BxPxNxK, bits, num_labels: int, cfg, base: BaseGraph, valid_len, reach: int):
     """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the platform's default for
     `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed, tier). Executors without diagnostics
     ("reference", "xla", "pallas") report keys from the pattern and no band overflow (tier 0). `bits`: the labels
-    packed (`bits.pack_labels`), already built by the core."""
-    pattern = LabelPattern(bits, valid_len, base, labels_BxPxNxK, cfg.num_labels)
+    packed (`bits.pack_labels`), already built by the core; `num_labels`: how many labels they number (the router's,
+    plus the position labels when `cfg.position_cell`)."""
+    pattern = LabelPattern(bits, valid_len, base, labels_BxPxNxK, num_labels)
     impl = cfg.implementation or default_implementation(None, LabelPattern)
     opts = dict(block=cfg.block, reach=reach) if impl == "bucketed" else {}
     o, info = attention(q, k, v, pattern, implementation=impl, return_aux=True, **opts)
