@@ -205,6 +205,40 @@ def _scale_rows(w_BxNxH, x_BxNxHxD):
 # -- handshake on anchors in rank space (rank i = the i-th anchor), in pages ---------------------------------------
 
 
+@jax.custom_vjp
+def rank_to_position(x_BxRx, rank_BxN, anchor_BxN, anc_BxR):
+    """x[b, rank[b, t]] at the anchors t, 0 elsewhere: rank space [B, R, ...] back to position space [B, N, ...].
+
+    `rank`: each position's zone id clipped to [0, R); `anc`: each rank's anchor position (`anchor_positions`, N
+    for ranks without one). The backward pass gathers the cotangent at each rank's anchor (one position per rank)
+    where autodiff would scatter-add all N positions into the k ranks: on a GPU that is N x H x D colliding atomic
+    adds (max_zone-way), and with zones known at compile time it was the constant XLA folded (docs/abca.md,
+    "Compile time").
+    """
+    bi = jnp.arange(x_BxRx.shape[0])[:, None]
+    return _where_rows(anchor_BxN, x_BxRx[bi, rank_BxN])
+
+
+def _where_rows(keep_BxN, x_BxNx):
+    return jnp.where(keep_BxN.reshape(keep_BxN.shape + (1,) * (x_BxNx.ndim - 2)), x_BxNx, 0)
+
+
+def _rank_to_position_fwd(x_BxRx, rank_BxN, anchor_BxN, anc_BxR):
+    return rank_to_position(x_BxRx, rank_BxN, anchor_BxN, anc_BxR), (rank_BxN, anchor_BxN, anc_BxR)
+
+
+def _rank_to_position_bwd(res, ct_BxNx):
+    rank, anchor, anc = res
+    n = ct_BxNx.shape[1]
+    bi = jnp.arange(ct_BxNx.shape[0])[:, None]
+    # Rank r's cotangent is its anchor's (zone_id(anc[r]) == r); ranks without an anchor (anc == N) get 0.
+    padded = jnp.pad(_where_rows(anchor, ct_BxNx), [(0, 0), (0, 1)] + [(0, 0)] * (ct_BxNx.ndim - 2))
+    return padded[bi, jnp.minimum(anc, n)], None, None, None
+
+
+rank_to_position.defvjp(_rank_to_position_fwd, _rank_to_position_bwd)
+
+
 def _shift(x_BxMx, by: int):
     """Row i of the result is row i + by of x (zero / False where out of range)."""
     m = x_BxMx.shape[1]

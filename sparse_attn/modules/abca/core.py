@@ -26,6 +26,7 @@ from sparse_attn.executors.abca import anchors
 from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern
+from sparse_attn.patterns.abca.handshake import anchor_positions
 from sparse_attn.patterns.abca.zones import Zones
 from sparse_attn.patterns.neighbours import NeighbourList
 
@@ -134,6 +135,7 @@ def run_abca_core(
     (`check_options` in `AnchorAttentionConfig`) and whose projections and zones have the right shapes."""
     impl = implementation or default_implementation(None, ZonePattern)
     q, k, v = q_BxNxHxD, k_BxNxGxD, v_BxNxGxD
+    zones = opaque_zones(zones)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     gate = jnp.ones(zones.is_anchor.shape, jnp.float32) if gate_BxN is None else gate_BxN
     width = (slot_width or max_zone) if impl == "packed" else None
@@ -161,6 +163,18 @@ def run_abca_core(
     if width:  # the executor's layout: the same pure function of the zones (XLA computes it once)
         info["slots_used"] = abca_packed.slot_layout(zones.left, zones.valid_len, width).used
     return jnp.where(anchor, s * g, o), info
+
+
+def opaque_zones(zones: Zones) -> Zones:
+    """The zones behind an optimization barrier, so that XLA treats them as run-time values.
+
+    Zones known at compile time (computed eagerly and closed over, or from `fixed_interval_anchors` under `jit`) with
+    a constant cotangent (a `sum` loss) make whole [B, N, H, D] steps of the backward pass constants, which XLA then
+    evaluates while compiling: the transpose of the rank -> position gather, a scatter-add of N*H*D elements,
+    constant-folded in 49-89 s on an H200 and 77 CPU-s here at n = 16384 (docs/abca.md, "Compile time"). Nothing
+    the core computes depends on XLA knowing the anchors, and the barrier costs one no-op on O(N) integers.
+    """
+    return jax.lax.optimization_barrier(zones)
 
 
 def _positional_handshake(s, zones, proj, *, groups, impl, causal, handshake, steps, max_anchors, scale):
@@ -194,7 +208,6 @@ def handshake_page(n: int, max_zone: int, max_anchors: int | None) -> int:
 
 def _paged_handshake(s, zones, proj, *, groups, max_zone, causal, handshake, steps, max_anchors, scale):
     """The handshake on anchors in rank space, in pages; returns the anchors' (s, k, v) at their positions."""
-    b = zones.is_anchor.shape[0]
     n = zones.num_tokens
     page = handshake_page(n, max_zone, max_anchors)
     num_pages = -(-n // page)
@@ -214,18 +227,16 @@ def _paged_handshake(s, zones, proj, *, groups, max_zone, causal, handshake, ste
                 num_pages=pages,
                 groups=groups,
             )
-            pad = ((0, 0), (0, (num_pages - pages) * page), (0, 0), (0, 0))  # both branches return every rank
-            return tuple(jnp.pad(x, pad) for x in out)
+            # Back to position space inside the branch: the one-page branch's backward then gathers `page` ranks.
+            rank = jnp.clip(zones.zone_id, 0, pages * page - 1)
+            anc = jnp.minimum(anchor_positions(zones, pages * page), n)
+            return tuple(anchors.rank_to_position(x, rank, zones.is_anchor, anc) for x in out)  # read at anchors
 
         return run
 
     # One page (every anchor fits) is the common case. The many-page branch is rematerialised, so that the cond
     # does not zero-fill its residuals on the one-page branch.
     if num_pages == 1:
-        ranked = handshake_in(1)(s)
-    else:
-        fits = jnp.all(zones.num_anchors <= page)
-        ranked = jax.lax.cond(fits, handshake_in(1), jax.checkpoint(handshake_in(num_pages)), s)
-    bi = jnp.arange(b)[:, None]
-    rank = jnp.clip(zones.zone_id, 0, num_pages * page - 1)
-    return tuple(x[bi, rank] for x in ranked)  # rank -> position (read at anchors only)
+        return handshake_in(1)(s)
+    fits = jnp.all(zones.num_anchors <= page)
+    return jax.lax.cond(fits, handshake_in(1), jax.checkpoint(handshake_in(num_pages)), s)
