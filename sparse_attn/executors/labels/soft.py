@@ -31,14 +31,14 @@ from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import soft, thinning
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
-MODES = ("soft", "straight_through")
+MODES = ("soft", "straight_through", "either")
 # A dropped edge's logit may exceed the kept row max by any amount; its forward weight is exactly 0, but its router
 # gradient scales with e^{s - max}. Capping at the max bounds that gradient by what a kept edge at the max receives.
 _EXP_CAP = 0.0
 
 
-def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alpha, *, base: BaseGraph, mode, eps,
-         scale, block, thin):
+def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alpha, straight, *, base: BaseGraph,
+         mode, eps, scale, block, thin):
     n, g, r, dh = q_NxGxRxD.shape
     w = min(base.radius, n)
     nb = -(-n // block)
@@ -66,12 +66,15 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
     s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, keys(k_NxGxD), preferred_element_type=jnp.float32) * scale
     vk = keys(v_NxGxD).astype(jnp.float32)
     hard = edge & (bits_lib.shares(padq(bits_NxW)[:, :, None, :], keys(bits_NxW)[:, None, :, :]) | selfp)
-    if mode == "soft":
+
+    def soft_weights():  # -> (weights, lse, the keys a row weighs, the keys it reads)
         mixed = jnp.log((1.0 - alpha) * jnp.exp(bias) + alpha * (hard.astype(jnp.float32) + eps))
-        bias = jnp.where(alpha > 0, mixed, bias)
+        blended = jnp.where(alpha > 0, mixed, bias)
         live = edge & (hard | thinning.present(seed, qpos, kpos, alpha)) if thin else edge
-        p, lse = masked_softmax(s + jnp.where(selfp, 0.0, bias)[:, None, None], live[:, None, None])
-    else:
+        p, lse = masked_softmax(s + jnp.where(selfp, 0.0, blended)[:, None, None], live[:, None, None])
+        return p, lse, live, edge
+
+    def straight_through_weights():
         q_soft = jnp.where(selfp, 1.0, jnp.exp(bias) - eps)
         a_st = hard.astype(jnp.float32) + q_soft - jax.lax.stop_gradient(q_soft)
         ok = hard[:, None, None]
@@ -85,6 +88,12 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
         alive = jax.lax.stop_gradient(jnp.any(ok, axis=-1, keepdims=True))
         p = num / jnp.where(alive, l, 1.0)
         lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)[..., 0]
+        return p, lse, edge, hard
+
+    if mode == "either":  # the scores above are shared; only the weights' branch differs (one copy to compile)
+        p, lse, counted, read = jax.lax.cond(straight, straight_through_weights, soft_weights)
+    else:
+        p, lse, counted, read = soft_weights() if mode == "soft" else straight_through_weights()
     o = jnp.einsum("xgrbc,xcgd->xbgrd", p, vk).reshape(nb * block, g, r, dh)[:n]
     lse = jnp.transpose(lse, (0, 3, 1, 2)).reshape(nb * block, g, r)[:n]
     keys_N = jnp.sum(hard, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
@@ -92,9 +101,8 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
     drop = (edge & ~hard)[:, None, None]
     dropped_N = jnp.mean(jnp.sum(jnp.where(drop, jax.lax.stop_gradient(p), 0.0), axis=-1), axis=(1, 2))
     dropped_N = dropped_N.reshape(-1)[:n]
-    edges_N = jnp.sum(live if mode == "soft" else edge, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
-    read = (edge if mode == "soft" else hard).astype(jnp.float32)
-    reads = jnp.einsum("xbc,xcg->xbg", read, keys(kv_bad_NxG.astype(jnp.float32))) > 0
+    edges_N = jnp.sum(counted, axis=-1, dtype=jnp.int32).reshape(-1)[:n]
+    reads = jnp.einsum("xbc,xcg->xbg", read.astype(jnp.float32), keys(kv_bad_NxG.astype(jnp.float32))) > 0
     return o, lse, keys_N, edges_N, dropped_N, reads.reshape(nb * block, g)[:n]
 
 
@@ -113,13 +121,16 @@ def soft_label_attention(
     block: int = 64,
     hard_weight=0.0,
     thin_seed=None,
+    straight_through=None,
 ):
     """Soft or straight-through label attention.
 
     Args:
       p_BxPxNxL: float32 memberships σ(R/τ), P = 1 (shared by heads) or H.
       bits_BxPxNxW: uint32 top-k bitmasks (the hard pattern of the straight-through forward, and statistics).
-      mode: "soft" or "straight_through".
+      mode: "soft", "straight_through", or "either": the one `straight_through` picks (a bool scalar, may be
+        traced, e.g. from the step; one `lax.cond` after the scores, which both modes share, so a phase switch
+        compiles the band's scores once).
       hard_weight: α in [0, 1] (float scalar, may be traced), soft mode only: blends q_uv into the hard pattern.
       thin_seed: None, or an integer scalar (the step; may be traced): with α > 0 each edge the hard pattern drops
         then takes part with probability 1 - α, drawn per (batch row, label head, query, key) from this seed
@@ -135,6 +146,8 @@ def soft_label_attention(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if (mode == "either") != (straight_through is not None):
+        raise ValueError("straight_through (a bool scalar) is given exactly when mode is 'either'")
     b, n, h, dh = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
     pp = p_BxPxNxL.shape[1]
@@ -158,9 +171,11 @@ def soft_label_attention(
     thin = thin_seed is not None
     seed_BxP = thinning.seeds(thin_seed if thin else 0, b * pp).reshape(b, pp)
 
+    straight = jnp.asarray(False if straight_through is None else straight_through, bool)
+
     def one(q, k, v, bad, p, bits, length, seed):
         kw = dict(base=base, mode=mode, eps=eps, scale=scale, block=min(block, n), thin=thin)
-        return _one(q, k, v, bad, p, bits, length, seed, alpha, **kw)
+        return _one(q, k, v, bad, p, bits, length, seed, alpha, straight, **kw)
 
     per_head = jax.vmap(one, in_axes=(0, 0, 0, 0, 0, 0, None, 0))
     out, lse, keys, edges, dropped, reads = jax.vmap(per_head)(q6, k5, v5, bad4, p_all, bits_all, vl, seed_BxP)

@@ -25,8 +25,10 @@ from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.patterns.stats import key_counts
 
-# Phase -> branch of the switch: soft and ramp share one (the ramp is the soft pass with α > 0).
-_BRANCH = (0, 0, 1, 2)
+# Phase -> branch of the switch: soft, ramp and straight-through share one (the ramp is the soft pass with α > 0;
+# straight-through scores the same band and picks its weights by a `lax.cond` inside, so the band's scores and
+# their backward are compiled once, not twice); the hard phase is the other.
+_BRANCH = (0, 0, 0, 1)
 
 
 def memberships(r_BxPxNxL, tau, *, kind: str, top_k: int):
@@ -78,10 +80,14 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
 
     def soft_like(mode):
         def run():
+            straight = (idx == schedule.STRAIGHT_THROUGH) if mode == "either" else None
             kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
-            seed = step if cfg.ramp_thinning and mode == "soft" else None
-            o, _, info = soft_label_attention(q, k, v, p_all, bits, hard_weight=alpha, thin_seed=seed, **kw)
-            keys = info["edges"] if mode == "soft" else info["keys"]
+            seed = step if cfg.ramp_thinning and mode != "straight_through" else None  # soft rows only
+            o, _, info = soft_label_attention(q, k, v, p_all, bits, hard_weight=alpha, thin_seed=seed,
+                                              straight_through=straight, **kw)
+            keys = {"soft": info["edges"], "straight_through": info["keys"]}.get(mode)
+            if mode == "either":  # what the rows attend: every edge of H (thinned in the ramp), or the hard pattern
+                keys = jnp.where(straight, info["keys"], info["edges"])
             return o, keys, info["keys"], zero, zero, zero, info["dropped"]
 
         return run
@@ -91,11 +97,10 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
                                                          reach)
         return o, keys, keys, overflow, needed, tier, jnp.zeros(keys.shape, jnp.float32)
 
-    branches = (soft_like("soft"), soft_like("straight_through"), hard)
     if cfg.phase == "schedule":
-        outs = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], branches)
+        outs = jax.lax.switch(jnp.asarray(_BRANCH, jnp.int32)[idx], (soft_like("either"), hard))
     else:
-        outs = branches[_BRANCH[schedule.PHASES[cfg.phase]]]()
+        outs = {"soft": soft_like("soft"), "straight_through": soft_like("straight_through"), "hard": hard}[cfg.phase]()
     o, keys, hard_keys, overflow, needed, tier, dropped = outs
     aux = dict(keys=keys, hard_keys=hard_keys, overflow=overflow, needed=needed, tier=tier, reach=reach, p=p,
                labels=labels, tau=tau, phase=idx, hard_weight=alpha, dropped=dropped, r=r_BxPxNxL)
