@@ -5,7 +5,10 @@ jump of the loss at each switch against the same statistic at ordinary steps (do
         runs/lab_smoke_labels_local_r19 --paired_with runs/lab_smoke_labels_local_r19 \
         --out experiments/results/labels_phases.json --plot docs/img/labels_phases.png
 
-(the full list of runs and their commands: docs/labels.md, "Phase transitions: measurement").
+(the full list of runs and their commands: docs/labels.md, "Phase transitions: measurement"). Over seeds:
+
+    python -m experiments.plot_label_phases --seed_pairs runs/lab_s0:runs/local_s0 runs/lab_s1:runs/local_s1 \
+        --out experiments/results/labels_phases_3seeds.json
 
 Each run directory is an `experiments.lm` workdir (its metrics.jsonl; a run still going is read as far as it got).
 """
@@ -69,15 +72,52 @@ def analyse(workdir: str) -> dict:
                 last_train=train[steps[-1]])
 
 
+def paired_over_seeds(pairs: list[tuple[str, str]]) -> dict:
+    """Each (label run, reference run) pair on the same seed's batches: the paired step at each switch, its noise,
+    the final validation of both; then mean ± standard error over the pairs."""
+    rows = []
+    for run, ref in pairs:
+        r, a = analyse(run), analyse(ref)
+        diff = np.asarray(r["train_nll"]) - np.asarray(a["train_nll"])
+        bounds = r["boundaries"]
+        far = [s for s in range(40, len(diff) - 15) if all(abs(s - b) >= 30 for b in bounds.values())]
+        rows.append(dict(run=run, reference=ref, steps={k: step_fit(diff, b) for k, b in bounds.items()},
+                         raw_jumps={k: jump_stat(np.asarray(r["train_nll"]), b) for k, b in bounds.items()},
+                         noise_std=float(np.std([step_fit(diff, s) for s in far])),
+                         valid=r["valid"][max(r["valid"])], reference_valid=a["valid"][max(a["valid"])],
+                         keys_per_query_last20=r["keys_per_query_last20"]))
+    summary = {}
+    for k in rows[0]["steps"]:
+        v = np.asarray([row["steps"][k] for row in rows])
+        summary[k] = dict(mean=float(v.mean()), se=float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else None)
+    valid = np.asarray([row["valid"] for row in rows])
+    ref_valid = np.asarray([row["reference_valid"] for row in rows])
+    return dict(pairs=rows, paired_steps=summary, valid_mean=float(valid.mean()), valid_std=float(valid.std(ddof=1)),
+                reference_valid_mean=float(ref_valid.mean()), reference_valid_std=float(ref_valid.std(ddof=1)))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", nargs="+", required=True)
+    parser.add_argument("--seed_pairs", nargs="+", default=None, metavar="RUN:REFERENCE",
+                        help="instead of a plot: label runs each paired with a reference run on the same seed; "
+                             "writes the paired steps per seed and their mean ± standard error to --out")
+    parser.add_argument("--runs", nargs="+")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--plot", required=True)
+    parser.add_argument("--plot")
     parser.add_argument("--paired_with", default=None,
                         help="a run without phases on the same batches (same seed, batch, steps): the jumps of the "
                              "difference, net of batch difficulty and of the trend (`step_fit`)")
     args = parser.parse_args(argv)
+    if args.seed_pairs:
+        result = paired_over_seeds([tuple(p.split(":")) for p in args.seed_pairs])
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print({k: {m: round(x, 4) for m, x in v.items() if x is not None} for k, v in result["paired_steps"].items()},
+              "valid %.3f ± %.3f, reference %.3f ± %.3f" % (result["valid_mean"], result["valid_std"],
+                                                           result["reference_valid_mean"], result["reference_valid_std"]))
+        return
+    if not args.runs or not args.plot:
+        parser.error("--runs and --plot are required without --seed_pairs")
     import matplotlib  # noqa: PLC0415 — plotting only
 
     matplotlib.use("Agg")
