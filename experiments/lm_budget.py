@@ -19,7 +19,8 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
   random labels.
 
 Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
-labels_d4k1, abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps), abca_global (global
+labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
+counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps), abca_global (global
 handshake), abca_fixed, abca_learned (score head trained towards newlines).
 """
 
@@ -45,6 +46,7 @@ from sparse_attn.modules import (
 )
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.patterns import abca
+from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels.stats import p_share
 
 NEWLINE = ord("\n")
@@ -61,10 +63,11 @@ class Variant:
     tuned: str
 
 
-def _labels(d: int, k: int) -> Variant:
+def _labels(d: int, k: int, cell: int = 0) -> Variant:
     # Landmarks every `radius` tokens (about one per window), stated here so the count does not follow a default.
     return Variant(lambda w, n, t: LabelAttentionConfig(num_labels=d, top_k=k, radius=w, landmark_every=w,
-                                                        block=min(128, n), soft_block=min(64, n)), "radius")
+                                                        position_cell=cell, block=min(128, n),
+                                                        soft_block=min(64, n)), "radius")
 
 
 def _abca(**kw) -> Variant:
@@ -93,6 +96,7 @@ VARIANTS: dict[str, Variant | None] = {
     "labels_d16k2": _labels(16, 2),
     "labels_d8k1": _labels(8, 1),
     "labels_d4k1": _labels(4, 1),
+    "labels_pos": _labels(8, 2, cell=8),  # + position labels: pairs closer than 4 always kept
     "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
     "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
     "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
@@ -133,7 +137,18 @@ def label_keys(cfg: LabelAttentionConfig, n: int) -> float:
     before = u - cfg.radius - 1  # the last position left of the window
     landmarks = np.where(before >= 0, before // every + 1, 0) if every else np.zeros(n, np.int64)
     others = float(np.mean(window + landmarks)) - 1.0
-    return 1.0 + others * p_share(cfg.num_labels, cfg.top_k)
+    near = _position_keys(cfg, n) if cfg.position_cell else 0.0
+    return 1.0 + near + (others - near) * p_share(cfg.num_labels, cfg.top_k)
+
+
+def _position_keys(cfg: LabelAttentionConfig, n: int) -> float:
+    """Mean causal window keys (self excluded) that share a position label with their query: always allowed. (A
+    landmark beyond the window whose cell number matches is counted at p_share like the other landmarks.)"""
+    lab = np.asarray(position.position_labels(jnp.arange(n), cfg.position_cell, cfg.radius, 0))  # [N, 2]
+    total = 0
+    for d in range(1, min(cfg.radius, n - 1) + 1):
+        total += int(np.sum(np.any(lab[d:] == lab[:-d], axis=-1)))
+    return total / n
 
 
 def keys_per_query(att, n: int, tokens_BxN=None) -> float:

@@ -14,7 +14,8 @@ from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
 
 N, TARGET = 64, 12.0
-COMPARED = ("local", "longformer", "bigbird", "labels", "abca", "abca_hs2", "abca_fixed", "abca_learned")
+COMPARED = ("local", "longformer", "bigbird", "labels", "labels_pos", "abca", "abca_hs2", "abca_fixed",
+            "abca_learned")
 
 
 def text_with_lines(batch: int, n: int, seed: int = 0) -> np.ndarray:
@@ -33,8 +34,15 @@ def dense_mask_keys(att, tokens) -> float:
     if isinstance(att, LabelAttentionConfig):  # independent uniform k-of-d labels per token, as the convention
         rng = np.random.default_rng(1)
         labels = np.stack([[rng.choice(att.num_labels, att.top_k, replace=False) for _ in range(N)] for _ in range(b)])
+        total = att.num_labels
+        if att.position_cell:  # + the two position labels, written from their definition
+            c, m = att.position_cell, -(-att.radius // att.position_cell) + 1
+            pos = np.arange(N)
+            extra = np.stack([att.num_labels + (pos // c) % m, att.num_labels + m + ((pos + c // 2) // c) % m], -1)
+            labels = np.concatenate([labels, np.broadcast_to(extra, (b, N, 2))], -1)
+            total += 2 * m
         base = BaseGraph(radius=att.radius, landmark_every=att.landmark_every, causal=True)
-        mask = LabelPattern.from_labels(jnp.asarray(labels)[:, None], att.num_labels, base=base).to_dense()
+        mask = LabelPattern.from_labels(jnp.asarray(labels)[:, None], total, base=base).to_dense()
         return float(jnp.sum(mask)) / (b * N)
     if isinstance(att, AnchorAttentionConfig):
         valid = jnp.full((b,), N, jnp.int32)
