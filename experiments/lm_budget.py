@@ -20,8 +20,8 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
 
 Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
-counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps), abca_global (global
-handshake), abca_fixed, abca_learned (score head trained towards newlines).
+counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps),
+abca_global (global handshake), abca_fixed, abca_learned (score head trained towards newlines).
 """
 
 from __future__ import annotations
