@@ -171,7 +171,15 @@ def attention_for_budget(name: str, *, n: int, keys_per_query_target: float, tok
     variant = VARIANTS[name]
     if variant is None:
         return DenseAttention()
-    measure = functools.cache(lambda p: keys_per_query(variant.build(p, n, keys_per_query_target), n, tokens_BxN))
+
+    @functools.cache
+    def measure(p: int) -> float:
+        try:
+            att = variant.build(p, n, keys_per_query_target)
+        except ValueError:  # a parameter too large for the config (position labels that outgrow the bitmasks)
+            return math.inf
+        return keys_per_query(att, n, tokens_BxN)
+
     lo, hi = 1, max(n - 1, 1)
     if measure(hi) < keys_per_query_target:
         lo = hi

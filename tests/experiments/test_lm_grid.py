@@ -146,3 +146,10 @@ def test_gpu_plan_limits_cells_by_time_left_and_records_cut_cells(tmp_path):
     assert [c.n for c in gpu_lm.PLAN][:1] == [4096] and max(c.n for c in gpu_lm.PLAN) == 16384
     tiny = gpu_lm.describe(gpu_lm.TINY_PLAN[1], text_with_lines(1, 4 * N).ravel().astype(np.uint8))
     assert tiny["type"] == "LocalAttention" and abs(tiny["planned_keys_per_query"] - 12) <= 1.2
+
+
+def test_budget_search_skips_parameters_the_config_refuses():
+    """Position labels stop fitting the bitmasks at wide windows (radius 255 needs 66 of them): the search treats
+    those radii as over budget instead of failing."""
+    att = lm_budget.attention_for_budget("labels_pos", n=256, keys_per_query_target=24)
+    assert att.position_cell == 8 and abs(lm_budget.label_keys(att, 256) - 24) <= 0.1 * 24
