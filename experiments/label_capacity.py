@@ -70,27 +70,43 @@ def tier_stats(model, batches) -> dict:
     return rows
 
 
-def _median_time(fn, args, repeats):
-    jax.block_until_ready(fn(*args))  # compile
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+def core_fns(labels, reach: int, *, num_labels: int, base: BaseGraph, block: int | None = None):
+    """(forward, forward+backward) of the bucketed executor on `labels` at planned `reach`, jitted."""
+    kw = dict(num_labels=num_labels, base=base, reach=reach)
+    if block is not None:
+        kw["block"] = block
+    fwd = jax.jit(lambda q, k, v: bucketed_attention(q, k, v, labels, **kw))
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(bucketed_attention(q, k, v, labels, **kw)[0]), argnums=(0, 1, 2)))
+    return fwd, grad
 
 
-def time_core(module, q, k, v, labels, reach: int, repeats: int) -> dict:
-    """Hard forward / forward+backward (ms) of the bucketed executor at `reach` (the tier the labels need runs)."""
+def module_core_fns(module, labels, reach: int):
+    """`core_fns` with a label layer's own radius, landmarks, label count and block (causal, as in the LM)."""
     cfg = module.config
     base = BaseGraph(radius=cfg.radius, landmark_every=cfg.landmarks, causal=True)
-    kw = dict(num_labels=cfg.num_labels, base=base, block=cfg.block, reach=reach)
-    fwd = jax.jit(lambda q, k, v: bucketed_attention(q, k, v, labels, **kw))
-    loss = lambda q, k, v: jnp.sum(bucketed_attention(q, k, v, labels, **kw)[0])
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    info = jax.device_get(fwd(q, k, v)[2])
-    return dict(reach=reach, tier_reach=int(info["reach"]), needed=int(info["needed"]),
-                fwd_ms=_median_time(fwd, (q, k, v), repeats), fwd_bwd_ms=_median_time(grad, (q, k, v), repeats))
+    return core_fns(labels, reach, num_labels=cfg.num_labels, base=base, block=cfg.block)
+
+
+def time_settings(built: dict, q, k, v, repeats: int) -> dict:
+    """Per setting `name: (fwd, grad)`: the tier it ran and the median wall and process-CPU ms of its forward and
+    forward+backward, the settings interleaved round by round (a slow spell of the shared machine hits all alike)."""
+    out = {}
+    for name, (fwd, grad) in built.items():
+        info = jax.device_get(fwd(q, k, v)[2])
+        jax.block_until_ready(grad(q, k, v))  # compile
+        out[name] = dict(tier=int(info["tier"]), tier_reach=int(info["reach"]), needed=int(info["needed"]),
+                         samples={key: [] for key in ("fwd", "fwd_bwd")})
+    for _ in range(repeats):
+        for name, (fwd, grad) in built.items():
+            for key, fn in (("fwd", fwd), ("fwd_bwd", grad)):
+                t, c = time.perf_counter(), time.process_time()
+                jax.block_until_ready(fn(q, k, v))
+                out[name]["samples"][key].append(((time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3))
+    for r in out.values():
+        for key, samples in r.pop("samples").items():
+            r[f"{key}_ms"] = round(statistics.median(w for w, _ in samples), 2)
+            r[f"{key}_cpu_ms"] = round(statistics.median(c for _, c in samples), 2)
+    return out
 
 
 def main(argv=None) -> dict:
@@ -116,15 +132,14 @@ def main(argv=None) -> dict:
     if args.time:
         timing = {}
         for i, (module, q, k, v, labels) in inputs.items():
-            rng = jax.random.PRNGKey(i)
-            balanced = jax.vmap(jax.vmap(lambda key: jax.random.permutation(key, module.config.num_labels)[
-                :module.config.top_k]))(jax.random.split(rng, labels.shape[0] * labels.shape[2]).reshape(
-                    labels.shape[0], labels.shape[2], 2)).reshape(labels.shape)
-            timing[f"layer{i}"] = dict(
-                trained_planned=time_core(module, q, k, v, labels, planned[i], args.time),
-                trained_calibrated=time_core(module, q, k, v, labels, module.planned_reach(tc.seq_len), args.time),
-                balanced_planned=time_core(module, q, k, v, balanced.astype(jnp.int32), planned[i], args.time),
-            )
+            d, kk = module.config.num_labels, module.config.top_k
+            keys = jax.random.split(jax.random.PRNGKey(i), labels.shape[0] * labels.shape[2])
+            balanced = jax.vmap(lambda key: jax.random.permutation(key, d)[:kk])(keys).reshape(labels.shape)
+            timing[f"layer{i}"] = time_settings(dict(
+                trained_planned=module_core_fns(module, labels, planned[i]),  # as trained: the tier the batch needs
+                trained_calibrated=module_core_fns(module, labels, module.planned_reach(tc.seq_len)),  # tier 0
+                balanced_planned=module_core_fns(module, balanced.astype(jnp.int32), planned[i]),  # uniform labels
+            ), q, k, v, args.time)
         result["timing_ms"] = timing
     print(json.dumps(result, indent=1))
     if args.out:
