@@ -12,6 +12,9 @@ with H=1), random zone sizes uniform in [128, 384] (same mean 256), anchors ever
 twice a handshake page, so the many-page handshake branch runs), and the same core through the library's
 block-gather executor ("xla", the worst-case-span alternative; the packed rows are "packed"). Acceptance: fwd+bwd >= 8x faster than dense
 at 4096 and >= 30x at 16384, compiled memory (temp + args + outputs) >= 8x smaller at 4096.
+
+  python -m experiments.bench_abca --stages --n 4096 16384    the core's stages timed apart (docs/abca.md)
+  python -m experiments.bench_abca --compile --n 4096 16384   CPU seconds to lower + compile the bf16 fwd+bwd
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +116,68 @@ def measure_dense(n, heads, args) -> benchlib.Row:
     return row
 
 
+def measure_stages(n: int, heads: int, every: int, args) -> dict:
+    """Median CPU ms (fwd, fwd+bwd) of the anchor gather (stage 1) alone, the zone attention (stage 3) alone, and the
+    whole packed core (anchors every `every`, bidirectional, zones and the cotangent as inputs); the handshake and the
+    glue between stages are what the core costs beyond the two."""
+    from sparse_attn.attention import attention
+    from sparse_attn.patterns.abca import ZonePattern
+
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    q, k, v = (jax.random.normal(kk, (1, n, heads, HEAD_DIM), jnp.float32) for kk in ks[:3])
+    weights = tuple(jax.random.normal(kk, (heads, HEAD_DIM, HEAD_DIM), jnp.float32) / 8 for kk in ks[3:])
+    is_anchor, ct = jnp.asarray(anchors_fixed(n, every)), jnp.ones(q.shape, jnp.float32)
+    core = make_core(every, "packed", args.handshake_steps)
+
+    def stage(name):
+        def fn(q, k, v, w, a):
+            if name == "core":
+                return core(q, k, v, w, a)[0]
+            pattern = ZonePattern(abca.compute_zones(a, None), stage=name, causal=False, max_zone=every)
+            return attention(q, k, v, pattern, implementation="packed")
+        return fn
+
+    calls = {}
+    for name in ("gather", "zones", "core"):
+        fn = stage(name)
+        fb = jax.grad(lambda q, k, v, w, a, ct, fn=fn: jnp.sum(fn(q, k, v, w, a) * ct), argnums=(0, 1, 2, 3))
+        calls[name] = ((jax.jit(fn), (q, k, v, weights, is_anchor)), (jax.jit(fb), (q, k, v, weights, is_anchor, ct)))
+    for (f, xs), (fb, xbs) in calls.values():  # compile and warm up
+        jax.block_until_ready((f(*xs), fb(*xbs)))
+    # Process CPU time per call (all threads), median over interleaved rounds: on a shared machine wall time mostly
+    # measures the other processes.
+    times = {name: ([], []) for name in calls}
+    for _ in range(args.repeats):
+        for name, pair in calls.items():
+            for (f, xs), acc in zip(pair, times[name]):
+                t0 = time.process_time()
+                jax.block_until_ready(f(*xs))
+                acc.append(1e3 * (time.process_time() - t0))
+    out = {name: tuple(float(np.median(t)) for t in ts) for name, ts in times.items()}
+    out["handshake+glue"] = tuple(c - g - z for c, g, z in zip(out["core"], out["gather"], out["zones"]))
+    return out
+
+
+def measure_compile(n: int, implementation: str | None, heads: int = 16, head_dim: int = 64) -> dict:
+    """CPU seconds to lower and compile the core's fwd+bwd as the H200 run built it (bf16, B=1, causal, anchors
+    every 256, zones computed eagerly and closed over, a `sum` loss): the setting where XLA constant-folded a
+    [1, N, H, D] scatter-add of the backward pass (docs/abca.md, "Compile time")."""
+    ks = jax.random.split(jax.random.PRNGKey(0), 6)
+    q, k, v = (jax.random.normal(x, (1, n, heads, head_dim), jnp.float32).astype(jnp.bfloat16) for x in ks[:3])
+    w = tuple((jax.random.normal(x, (heads, head_dim, head_dim)) / 8).astype(jnp.bfloat16) for x in ks[3:])
+    zones = abca.compute_zones(jnp.asarray(anchors_fixed(n, 256)), None)
+
+    def loss(q, k, v):
+        out = abca_core(q, k, v, zones, AnchorProjections(*w), max_zone=256, causal=True, implementation=implementation)
+        return jnp.sum(out[0].astype(jnp.float32))
+
+    t0 = time.process_time()
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v)
+    t1 = time.process_time()
+    lowered.compile()
+    return {"lower_cpu_s": t1 - t0, "compile_cpu_s": time.process_time() - t1}
+
+
 def _print(r: benchlib.Row) -> None:
     print(
         f"  n={r.n} {r.method:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
@@ -173,7 +239,26 @@ def main(argv=None):
     p.add_argument("--out-dir", default="experiments/results")
     p.add_argument("--tag", default="bench_abca")
     p.add_argument("--figures", metavar="DIR", help="only draw the pattern PNGs into DIR (e.g. docs/img)")
+    p.add_argument("--stages", action="store_true", help="only time the core's stages (anchors every 256)")
+    p.add_argument("--compile", action="store_true", help="only time lowering + compiling the core's fwd+bwd")
     args = p.parse_args(argv)
+    if args.compile:
+        print(f"# load average {os.getloadavg()}")
+        for n in args.n:
+            for impl in (None, "xla"):
+                t = measure_compile(n, impl)
+                print(f"n={n} implementation={impl}: lower {t['lower_cpu_s']:.2f} CPU-s, compile "
+                      f"{t['compile_cpu_s']:.2f} CPU-s", flush=True)  # fmt: skip
+        print(f"# load average {os.getloadavg()}")
+        return []
+    if args.stages:
+        print(f"# load average {os.getloadavg()}")
+        for n in args.n:
+            heads = 4 if n <= 4096 else 1
+            for name, (f, fb) in measure_stages(n, heads, 256, args).items():
+                print(f"n={n} H={heads} {name:15s} fwd {f:8.1f} CPU-ms  fwd+bwd {fb:8.1f} CPU-ms", flush=True)
+        print(f"# load average {os.getloadavg()}")
+        return []
     if args.figures:
         os.makedirs(args.figures, exist_ok=True)
         print("\n".join(draw_figures(args.figures)))

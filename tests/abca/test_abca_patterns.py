@@ -105,6 +105,13 @@ def test_handshake_patterns_match_spec(case, causal):
         want_g = oracles.handshake_mask(a, int(vl[b]), causal, "global", 4)
         np.testing.assert_array_equal(glob.to_dense()[b, 0], want_g)
         assert int(overflow[b]) == max(int(a.sum()) - 4, 0)
+    # Unused slots name the row itself: a gather executor's backward scatter-adds every slot, and one shared index
+    # for all of them (position 0 before) made N-way colliding adds (atomics on a GPU).
+    for nl in (chain, glob):
+        own = np.broadcast_to(np.arange(nl.idx.shape[2])[:, None], nl.idx.shape[2:])
+        for b in range(raw.shape[0]):
+            unused = ~np.asarray(nl.valid[b, 0])
+            np.testing.assert_array_equal(np.asarray(nl.idx[b, 0])[unused], own[unused])
 
 
 def test_fixed_and_explicit_placement():

@@ -20,7 +20,15 @@ def _chain_rows(zones: Zones, causal: bool) -> tuple[jax.Array, jax.Array]:
     idx = jnp.stack([zones.prev_anchor, pos + 0 * zones.prev_anchor, zones.next_anchor], axis=-1)
     ok = jnp.stack([zones.prev_anchor >= 0, zones.is_anchor, (zones.next_anchor >= 0) & (not causal)], axis=-1)
     ok = ok & zones.is_anchor[..., None]
-    return jnp.where(ok, idx, 0), ok
+    return jnp.where(ok, idx, _own_row(zones, idx.shape[-1])), ok
+
+
+def _own_row(zones: Zones, k: int) -> jax.Array:
+    """[B, N, K]: each row's own position, the index of its unused slots. Any in-range index is correct there, but
+    a gather executor's backward pass scatter-adds every slot: position 0 for all of them made the K (N - k) slots
+    of the empty rows collide on one row (atomic adds on a GPU), the own row collides K ways at most."""
+    pos = jnp.arange(zones.num_tokens, dtype=jnp.int32)[None, :, None]
+    return jnp.broadcast_to(pos, zones.is_anchor.shape + (k,))
 
 
 def chain_handshake(zones: Zones, *, causal: bool) -> NeighbourList:
@@ -59,7 +67,7 @@ def global_handshake(zones: Zones, *, max_anchors: int, causal: bool) -> tuple[N
     cidx, cok = _chain_rows(zones, causal)
     cidx = jnp.pad(cidx, ((0, 0), (0, 0), (0, width - 3)))
     cok = jnp.pad(cok, ((0, 0), (0, 0), (0, width - 3)))
-    idx = jnp.where(over, cidx, jnp.where(ok, idx, 0))
     ok = jnp.where(over, cok, ok)
+    idx = jnp.where(ok, jnp.where(over, cidx, idx), _own_row(zones, width))
     overflow = jnp.maximum(zones.num_anchors - max_anchors, 0)
     return NeighbourList(idx[:, None], ok[:, None]), overflow
