@@ -9,6 +9,7 @@ from sparse_attn.patterns import common
 from sparse_attn.patterns.abca.layer_pattern import ZonePattern
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.intervals import Intervals
+from sparse_attn.patterns.labels.counts import label_key_counts
 from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.patterns.neighbours import NeighbourList
 
@@ -62,13 +63,26 @@ def _random_block_counts(layout: BlockLayout) -> tuple[jax.Array, jax.Array]:
     return keys, layout.random_allowed(pos, pos)[..., 0, 0]
 
 
+def _label_counts(pattern: LabelPattern) -> tuple[jax.Array, jax.Array]:
+    """`key_counts` of a label pattern from its labels: self is allowed exactly at the valid positions."""
+    lab = pattern.labels
+    n = pattern.num_tokens
+    vl = jnp.full((1,), n, jnp.int32) if pattern.valid_len is None else jnp.asarray(pattern.valid_len, jnp.int32)
+    b = max(lab.shape[0], vl.shape[0])
+    lab, vl = jnp.broadcast_to(lab, (b,) + lab.shape[1:]), jnp.broadcast_to(vl.reshape(-1), (b,))
+    one = lambda x, length: label_key_counts(x, pattern.num_labels, pattern.base, length)  # noqa: E731
+    keys = jax.vmap(jax.vmap(one, in_axes=(0, None)))(lab, vl)
+    return keys, jnp.broadcast_to(jnp.arange(n).reshape(1, 1, n) < vl.reshape(-1, 1, 1), keys.shape)
+
+
 def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
     """(keys, self_allowed): int32[B', H', N] allowed keys per query and bool[B', H', N] whether self is allowed.
 
     Neighbour lists count their valid slots; Intervals without label bits (and ABCA's `ZonePattern`) use a closed
     form, O(N), and block layouts over them (BigBird) add their random blocks' keys in O(N * max_random * block);
-    other Intervals, block layouts and label patterns are evaluated chunk by chunk (O(N * chunk) memory, O(N^2)
-    work), never as one N x N mask.
+    label patterns that carry their labels count by inclusion-exclusion over label subsets, O(N 2^k log N)
+    (`patterns.labels.counts`); other Intervals, block layouts and label patterns are evaluated chunk by chunk
+    (O(N * chunk) memory, O(N^2) work), never as one N x N mask.
     """
     if isinstance(pattern, NeighbourList):
         keys = jnp.sum(pattern.valid, axis=-1, dtype=jnp.int32)
@@ -86,6 +100,8 @@ def key_counts(pattern) -> tuple[jax.Array, jax.Array]:
         if pattern.max_random > 0:  # else the random blocks per query block have no static bound
             extra, self_random = _random_block_counts(pattern)
             return keys + extra, self_ok | self_random
+    if isinstance(pattern, LabelPattern) and pattern.labels is not None:
+        return _label_counts(pattern)
     n = pattern.num_tokens
     chunk = min(_CHUNK, n)
     nchunks = -(-n // chunk)
