@@ -62,7 +62,7 @@ def _grid_heads(h: int, g: int, hm: int, bq: int, d: int, itemsize: int) -> int:
     return rp
 
 
-def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, do_bwd):
+def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclude, rand, do_bwd):
     """Forward (do_bwd=False) or dQ (do_bwd=True) program for one query tile and rp query heads."""
     kv_count, kv_idx = refs[0], refs[1]
     kv_rand = refs[2] if rand else None
@@ -96,7 +96,8 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, rand, 
             k_tok, k_lab = _k_side(tok_ref, lab_ref, bm, hm, k0, bk, 0)
             flag = kv_rand[bm, hm, i, t] if rand else None
             ok = tiles.tile_mask(
-                q0, k0, (bq, bk), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=False
+                q0, k0, (bq, bk), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=False,
+                exclude=exclude,
             )
             if do_bwd:
                 k_mm = tiles.finite_or_zero(k)
@@ -158,7 +159,7 @@ def forward(q, k, v, meta: TokenMeta, lists: TileLists, n: int, scale: float, *,
     kv_map = lambda p, i: (p // hb, 0, (p % hb) * rp // r, 0)  # noqa: E731
     kernel = functools.partial(
         _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, rand=lists.kv_rand is not None, do_bwd=False,
+        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.kv_rand is not None, do_bwd=False,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
@@ -191,7 +192,7 @@ def backward_dq(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, nu
     row_spec = pl.BlockSpec((None, rp, bq), lambda p, i: (p // hb, p % hb, i))
     kernel = functools.partial(
         _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, rand=lists.kv_rand is not None, do_bwd=True,
+        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.kv_rand is not None, do_bwd=True,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
@@ -210,7 +211,7 @@ def backward_dq(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, nu
     )(*la, *ma, q, k, v, do, lse, delta)
 
 
-def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, rand):
+def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude, rand):
     """dK/dV program for one key tile of one KV head: sums over the r query heads that share it."""
     q_count, q_idx = refs[0], refs[1]
     q_rand = refs[2] if rand else None
@@ -246,7 +247,8 @@ def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, rand):
                 lo, hi, q_tok, q_lab = _q_side(lo_ref, hi_ref, tok_ref, lab_ref, bm, hm, q0, bq, 0)
                 flag = q_rand[bm, hm, j, t] if rand else None
                 ok = tiles.tile_mask(
-                    q0, k0, (bk, bq), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=True
+                    q0, k0, (bk, bq), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=True,
+                    exclude=exclude,
                 )
                 q_mm = tiles.finite_or_zero(q)
             pt = tiles.select(ok, jnp.exp2(s2t - tiles.lse2(lse_ref[h, sl])[None, :]))
@@ -274,7 +276,7 @@ def backward_dkdv(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, 
     whole_b = lambda shape: pl.BlockSpec((None,) + shape, lambda p, j: (p // g,) + (0,) * len(shape))  # noqa: E731
     kernel = functools.partial(
         _dkdv_kernel, scale=scale, bq=bq, bk=bk, r=h // g, g=g, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, rand=lists.q_rand is not None,
+        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.q_rand is not None,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,

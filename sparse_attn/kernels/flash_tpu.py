@@ -81,7 +81,7 @@ def _meta_specs(meta: TokenMeta, bq, bk, transposed, q_tile, k_tile, bm_hm):
     return specs
 
 
-def _mask(meta_refs, labels, q0, k0, shape, rand, causal, transposed):
+def _mask(meta_refs, labels, q0, k0, shape, rand, causal, transposed, exclude):
     lo, hi, q_tok, k_tok = (r[...] for r in meta_refs[:4])
     q_lab, k_lab = [], []
     if labels:
@@ -91,11 +91,12 @@ def _mask(meta_refs, labels, q0, k0, shape, rand, causal, transposed):
             q_lab.append(lq[x : x + 1, :] if transposed else lq[:, x : x + 1])
             k_lab.append(lk[:, x : x + 1] if transposed else lk[x : x + 1, :])
     return tiles.tile_mask(
-        q0, k0, shape, lo, hi, q_tok, k_tok, q_lab, k_lab, rand, causal=causal, transposed=transposed
+        q0, k0, shape, lo, hi, q_tok, k_tok, q_lab, k_lab, rand, causal=causal, transposed=transposed,
+        exclude=exclude,
     )
 
 
-def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels, rand, do_bwd):
+def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels, exclude, rand, do_bwd):
     """Forward (online softmax) or dQ over one query tile's merged list; slot t is grid axis 2."""
     count_ref, idx_ref, masked_ref = refs[:3]
     rand_ref = refs[3] if rand else None
@@ -128,7 +129,7 @@ def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels,
         k_mm = k  # dQ's matmul operand
         if masked:
             flag = rand_ref[pos] if rand else None
-            ok = _mask(meta_refs, labels, i * bq, idx_ref[pos] * bk, (bq, bk), flag, causal, False)
+            ok = _mask(meta_refs, labels, i * bq, idx_ref[pos] * bk, (bq, bk), flag, causal, False, exclude)
             if do_bwd:
                 k_mm = tiles.finite_or_zero(k)
             else:
@@ -197,7 +198,7 @@ def _q_call(q, k, v, extra, meta, lists: TileLists, n, scale, cap, interpret, do
         scratch = [pltpu.VMEM((rp, bq, 1), jnp.float32)] * 2 + [pltpu.VMEM((rp, bq, d), jnp.float32)]
     kernel = functools.partial(
         _q_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, hmax=hmax, bmax=bmax, qb=qb, cap=cap,
-        causal=meta.causal, labels=meta.labels is not None, rand=rand is not None, do_bwd=do_bwd,
+        causal=meta.causal, labels=meta.labels is not None, exclude=meta.exclude, rand=rand is not None, do_bwd=do_bwd,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
@@ -218,7 +219,7 @@ def forward(q, k, v, meta: TokenMeta, lists: TileLists, n, scale, caps, *, inter
     return _heads(out), lse[..., 0]
 
 
-def _kv_kernel(*refs, scale, bq, bk, r, g, hmax, bmax, kb, cap, causal, labels, rand):
+def _kv_kernel(*refs, scale, bq, bk, r, g, hmax, bmax, kb, cap, causal, labels, exclude, rand):
     """dK/dV of one key tile of one KV head; grid axes 2 and 3 walk its query heads and their transposed lists."""
     count_ref, idx_ref, masked_ref = refs[:3]
     rand_ref = refs[3] if rand else None
@@ -243,7 +244,7 @@ def _kv_kernel(*refs, scale, bq, bk, r, g, hmax, bmax, kb, cap, causal, labels, 
         q_mm = q  # dK's matmul operand
         if masked:
             flag = rand_ref[pos] if rand else None
-            ok = _mask(meta_refs, labels, idx_ref[pos] * bq, j * bk, (bk, bq), flag, causal, True)
+            ok = _mask(meta_refs, labels, idx_ref[pos] * bq, j * bk, (bk, bq), flag, causal, True, exclude)
             q_mm = tiles.finite_or_zero(q)
         pt = tiles.select(ok, jnp.exp2(s2t - tiles.lse2(lse_ref[...])))
         dst = tiles.select(ok, pt * (tiles.dot(v, do, tiles.NT) - delta_ref[...]))
@@ -289,7 +290,7 @@ def _kv_call(q, k, v, do, lse_row, delta_row, meta, lists: TileLists, scale, cap
     mspecs = _meta_specs(meta, bq, bk, True, qidx, lambda p, j, rr, t, *_: j, bm_hm)
     kernel = functools.partial(
         _kv_kernel, scale=scale, bq=bq, bk=bk, r=r, g=g, hmax=hmax, bmax=bmax, kb=kb, cap=cap,
-        causal=meta.causal, labels=meta.labels is not None, rand=rand is not None,
+        causal=meta.causal, labels=meta.labels is not None, exclude=meta.exclude, rand=rand is not None,
     )  # fmt: skip
     return pl.pallas_call(
         kernel,

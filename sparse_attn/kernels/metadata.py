@@ -9,6 +9,7 @@ a dense pass, as in the XLA executor), plus BigBird random tiles:
 
     valid(i) and valid(j) and (lo[i] <= j <= hi[i] or global(j) or random_tile(i, j))
     and (not causal or j <= i) and (no labels or labels[i] & labels[j] != 0)
+    and (not exclude or excluded[i] & labels[j] == 0)
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class TokenMeta:
       tok: int32[Bm, Np] bit 0 valid, bit 1 global key.
       labels: int32[Bm, Hm, W, Np] label bitmask words (uint32 bit patterns) or None.
       causal: static.
+      exclude: static. With it `labels` holds 2W words per token: its labels, then the labels a query excludes —
+        (i, j) is allowed only if no excluded word of i meets a label word of j (the bucketed executor's
+        lowest-shared-label dedup, run in bucket-entry space by `kernels/labels.py`).
     """
 
     lo: jax.Array
@@ -42,6 +46,7 @@ class TokenMeta:
     tok: jax.Array
     labels: jax.Array | None
     causal: bool = dataclasses.field(metadata=dict(static=True))
+    exclude: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass

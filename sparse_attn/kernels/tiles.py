@@ -35,12 +35,14 @@ def dot(a, b, dims=NN):
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
-def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, causal: bool, transposed: bool):
+def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, causal: bool, transposed: bool,
+              exclude: bool = False):
     """bool tile of the kernel's element rule.
 
     Query-side arrays (lo, hi, q_tok, q_labels[w]) and key-side arrays (k_tok, k_labels[w]) come as columns/rows that
     broadcast to `shape`: [bq, bk] (queries down) or, with `transposed`, [bk, bq] (keys down, for dK/dV).
-    `rand` is a scalar flag (a whole random tile) or None.
+    `rand` is a scalar flag (a whole random tile) or None. `exclude`: the label lists hold 2W words, the second W of
+    a query being the labels it excludes (`TokenMeta.exclude`); a key's second W words are unused.
     """
     qa, ka = (1, 0) if transposed else (0, 1)
     q_pos = q0 + jax.lax.broadcasted_iota(jnp.int32, shape, qa)
@@ -52,10 +54,13 @@ def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, 
     if causal:
         ok = ok & (k_pos <= q_pos)
     if q_labels:
+        w = len(q_labels) // 2 if exclude else len(q_labels)
         share = (q_labels[0] & k_labels[0]) != 0
-        for lq, lk in zip(q_labels[1:], k_labels[1:]):
+        for lq, lk in zip(q_labels[1:w], k_labels[1:w]):
             share = share | ((lq & lk) != 0)
         ok = ok & share
+        for lq, lk in zip(q_labels[w:] if exclude else [], k_labels[:w]):
+            ok = ok & ((lq & lk) == 0)
     return ok
 
 

@@ -56,7 +56,7 @@ def test_choices_that_cannot_run_name_what_can():
     bits_only = LabelPattern(B.pack_labels(labels, 4), None, BaseGraph(radius=2))
     with pytest.raises(ValueError, match="from_labels"):
         sparse_attn.attention(q, k, v, bits_only, implementation="bucketed")
-    with pytest.raises(ValueError, match=r"one of \['bucketed', 'pallas', 'reference', 'xla'\]"):
+    with pytest.raises(ValueError, match=r"one of \['bucketed', 'bucketed_pallas', 'pallas', 'reference', 'xla'\]"):
         sparse_attn.attention(q, k, v, bits_only, implementation="packed")
     assert sparse_attn.default_implementation("cpu", LabelPattern) == "bucketed"
 

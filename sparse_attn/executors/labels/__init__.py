@@ -16,17 +16,18 @@ from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.labels.pattern import LabelPattern
 
 
-def _check_labels(pattern: LabelPattern) -> None:
+def check_labels(pattern: LabelPattern, implementation: str = "bucketed") -> None:
+    """The bucket executors read the labels themselves, not only their bits."""
     if pattern.labels is None:
         raise ValueError(
-            "implementation 'bucketed' needs the labels the bits pack: build the pattern with "
+            f"implementation {implementation!r} needs the labels the bits pack: build the pattern with "
             "LabelPattern.from_labels(labels, num_labels, base=...), or run 'reference', 'xla' or 'pallas'"
         )
 
 
 def prepare_bucketed(pattern: LabelPattern, *, head_dim=None, **options):
     """The bucket layouts (`bucket_layouts`, leaves [B|1, P, ...]) of a prepared pattern; no option changes them."""
-    _check_labels(pattern)
+    check_labels(pattern)
     lab = pattern.labels
     vl = jnp.full((1,), pattern.num_tokens, jnp.int32) if pattern.valid_len is None else pattern.valid_len
     vl = jnp.asarray(vl, jnp.int32).reshape(-1)
@@ -39,7 +40,7 @@ def bucketed(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, scale: f
     """The "bucketed" executor (options: those of `bucketed_attention`, e.g. `block`, `reach`); `prepared`:
     `prepare_bucketed`'s layouts (None: built per call). Returns (out, lse, aux): aux is `bucketed_attention`'s
     info (`keys` int32[B, P, N] each query's allowed keys, `overflow`, `needed`)."""
-    _check_labels(pattern)
+    check_labels(pattern)
     b = q_BxNxHxD.shape[0]
     vl = None if pattern.valid_len is None else jnp.broadcast_to(jnp.asarray(pattern.valid_len).reshape(-1), (b,))
     return bucketed_attention(

@@ -379,8 +379,18 @@ def _one_sequence(
     group,
 ):  # fmt: skip
     o_E, lse_E, keys_E = _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay, tier, scale, block, reaches, base.causal, group)
-    outs, lses = [o_E[lay.entry_NxK]], [lse_E[lay.entry_NxK]]  # [N, k, G, R, (D)]
     keys = jnp.sum(keys_E[lay.entry_NxK], axis=1)
+    return combine_sequence(o_E, lse_E, keys, q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, labels_NxK, lay, vl,
+                            num_labels=num_labels, base=base, scale=scale)
+
+
+def combine_sequence(o_ExGxRxD, lse_ExGxR, window_keys_N, q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, labels_NxK, lay,
+                     vl, *, num_labels, base, scale):  # fmt: skip
+    """One sequence's bucket-pass results back at its tokens, merged with the landmark pass by log-sum-exp:
+    (out [N, G, R, D], lse [N, G, R], keys int32[N] (the window's + the landmarks'), reads bool[N, G]: the row
+    reads a non-finite key or value). Shared by the bucket executors ("bucketed", "bucketed_pallas")."""
+    outs, lses = [o_ExGxRxD[lay.entry_NxK]], [lse_ExGxR[lay.entry_NxK]]  # [N, k, G, R, (D)]
+    keys = window_keys_N
     # Every key entry in a bucket range shares that label with the row, so the row reads it (the dedup only picks
     # the bucket that scores the pair): a row reads a non-finite key iff one lies in one of its ranges.
     reads_E = range_any(kv_bad_NxG[lay.token_E][None], lay.lo_E[None], lay.hi_E[None])[0]  # [E, G]
