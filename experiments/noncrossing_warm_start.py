@@ -1,20 +1,24 @@
 """Does the supervised router warm start help a non-crossing classifier train? (docs/noncrossing.md, "Warm start")
 
-Command (CPU, a few minutes):
-  python -m experiments.noncrossing_warm_start --steps 300 --warm-steps 150
+Command (the docs' table: 3 seeds x 3 arms, ~3 min an arm on a loaded 2-core CPU; `--out` appends JSON lines):
+  python -m experiments.noncrossing_warm_start --arms cold warm dense --seeds 0 1 2 --steps 3000 \
+      --warm-steps 200 --eval-batches 16 --eval-every 500 --out experiments/results/noncrossing_warm_start.jsonl
   python -m experiments.noncrossing_warm_start --depths   # the bracket-depth table of docs/noncrossing.md
 
-Two arms from the same initial parameters and the same batches: a Dyck-(k, m) classifier (balanced vs. corrupted,
-`sparse_attn.data.tasks.dyck`) whose layers are all non-crossing, trained `--steps` steps on the task; the "warm"
-arm first fits layer 0's pair scorers (every head) for `--warm-steps` steps with the teacher-forced BCE of the
-layered construction: at routing layer t, each pair of adjacent unmatched strands is labelled by whether it closes
-a bracket of height t (`teacher_targets`). Reported per arm: validation accuracy and loss, and the share of
-validation words whose layer-0 router (head 0) builds exactly the bracket matching as its top caps.
+Arms, one Dyck-(k, m) classifier (balanced vs. corrupted, `sparse_attn.data.tasks.dyck`; 2 layers, 2 heads) that
+differ only in attention: "cold" and "warm" have non-crossing layers (T = m) and start from the same parameters;
+the "warm" arm first fits layer 0's router (every head) for `--warm-steps` steps with the teacher-forced BCE of
+`sparse_attn.modules.noncrossing.warm_start` (at routing layer t, each pair of adjacent unmatched strands is
+labelled by whether it closes a bracket of height t); "dense" and "local" are the baselines. Every arm of a seed
+sees the same task batches. Reported per arm: a validation curve (accuracy, loss, mean training loss) and, for
+non-crossing arms, the share of validation words whose layer-0 router (head 0) builds exactly the bracket
+matching as its top caps.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -28,49 +32,22 @@ from sparse_attn.data.tasks.common import batch as task_batch
 from sparse_attn.data.tasks.dyck import Dyck
 from sparse_attn.data.tasks.listops import CLOSE, ListOps
 from sparse_attn.models import TransformerClassifier, TransformerConfig
-from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
-from sparse_attn.modules.noncrossing.scorer import pair_scores
-from sparse_attn.patterns.noncrossing import diagram_np, layered
+from sparse_attn.modules import DenseAttention, LocalAttention
+from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
+from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
+from sparse_attn.patterns.noncrossing import diagram_np
 
 
-def matching(opens: np.ndarray) -> list[tuple[int, int]]:
-    stack, caps = [], []
-    for i, is_open in enumerate(opens):
-        if is_open:
-            stack.append(i)
-        else:
-            caps.append((stack.pop(), i))
-    return sorted(caps)
-
-
-def teacher_targets(opens: np.ndarray, valid_len: int, n: int, num_layers: int):
-    """Per routing layer t: each point's next unmatched strand `nxt`, the target (the pair closes a bracket of
-    height t) and the mask (the pair exists inside the valid prefix), teacher-forced on the layered construction."""
-    caps = matching(opens[:valid_len])
-    height = layered.cap_heights(caps, n)
-    word = layered.layered_word(caps, n)
-    p = diagram_np.identity(n)
-    nxt_T, y_T, m_T = np.full((num_layers, n), n - 1), np.zeros((num_layers, n), np.float32), np.zeros((num_layers, n), bool)
-    for t in range(num_layers):
-        defects = [a for a in range(n) if p[a] >= n]
-        for a, b in zip(defects, defects[1:]):
-            if b >= valid_len:
-                break
-            nxt_T[t, a], m_T[t, a], y_T[t, a] = b, True, float(height.get((a, b)) == t + 1)
-        for i in word[t] if t < len(word) else []:
-            diagram_np.rmul_gen(p, i)
-    return nxt_T, y_T, m_T
-
-
-def batches(task: Dyck, split: str, size: int, num: int, num_layers: int, offset: int = 0):
+def batches(task: Dyck, split: str, size: int, num: int, num_layers: int, offset: int = 0, teacher: bool = True):
+    """`num` consecutive batches from example `offset` of `split`; `teacher` adds the warm start's targets."""
     src = task.source(split)
     for i in range(num):
         b = task_batch(src, range(offset + i * size, offset + (i + 1) * size))
         opens = (b["inputs"] >= 1) & (b["inputs"] <= task.k)
-        nxt, y, m = map(np.stack, zip(*(teacher_targets(o, int(v), task.seq_len, num_layers)
-                                          for o, v in zip(opens, b["valid_len"]))))
-        yield {**{k: jnp.asarray(v) for k, v in b.items()}, "nxt": jnp.asarray(nxt), "y": jnp.asarray(y),
-               "m": jnp.asarray(m), "opens": opens}
+        out = {**{k: jnp.asarray(v) for k, v in b.items()}, "opens": opens}
+        if teacher:
+            out.update(bracket_targets(opens, b["valid_len"], num_layers))
+        yield out
 
 
 def layer0_features(model, tokens, valid_len):
@@ -81,21 +58,9 @@ def layer0_features(model, tokens, valid_len):
     return jnp.where(live, x, 0.0)
 
 
-def warm_start_loss(model, b):
-    """Teacher-forced BCE of layer 0's pair scores, every head and routing layer."""
-    sc = model.blocks[0].attn.scorer
-    u, v = sc.features(layer0_features(model, b["inputs"], b["valid_len"]))  # [B, H, N, T, r]
-    w, c, beta = sc.w[...], sc.c[...], sc.beta[...]  # [H, T, r], [H, T]
-
-    def one_layer(u1, v1, nxt1, w1, c1, b1):  # u1, v1 [N, r]; nxt1 [N]
-        return pair_scores(u1, v1, nxt1, w1, c1, b1)
-
-    per_t = jax.vmap(one_layer, in_axes=(1, 1, 0, 0, 0, 0))  # over T: -> [T, N]
-    per_h = jax.vmap(per_t, in_axes=(0, 0, None, 0, 0, 0))  # over H
-    s = jax.vmap(per_h, in_axes=(0, 0, 0, None, None, None))(u, v, b["nxt"], w, c, beta)  # [B, H, T, N]
-    bce = optax.sigmoid_binary_cross_entropy(s, b["y"][:, None])
-    m = jnp.broadcast_to(b["m"][:, None], bce.shape)
-    return jnp.sum(jnp.where(m, bce, 0.0)) / jnp.maximum(jnp.sum(m), 1)
+def router_loss(model, b):
+    """The warm start's BCE on layer 0's router, through the embedding it reads."""
+    return warm_start_loss(model.blocks[0].attn, layer0_features(model, b["inputs"], b["valid_len"]), b), None
 
 
 def task_loss(model, b):
@@ -104,7 +69,10 @@ def task_loss(model, b):
     return ce + out.aux_loss, out.logits
 
 
-def train(model, data, steps: int, loss_fn, lr: float, log_every: int, name: str):
+def train(model, data, steps: int, loss_fn, lr: float, log_every: int, name: str, on_eval=None,
+          eval_every: int = 0) -> list[dict]:
+    """Adam at a constant `lr`; every `eval_every` steps (and at the end) appends `on_eval(model)` to the curve,
+    with the mean training loss since the previous entry."""
     opt = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
 
     @nnx.jit
@@ -113,30 +81,57 @@ def train(model, data, steps: int, loss_fn, lr: float, log_every: int, name: str
         opt.update(model, g)
         return loss
 
+    curve, losses = [], []
     for i in range(steps):
-        loss = step(model, opt, next(data))
+        b = next(data)
+        losses.append(step(model, opt, {k: v for k, v in b.items() if k != "opens"}))
         if i % log_every == 0 or i == steps - 1:
-            print(f"{name} step {i:4d} loss {float(loss):.4f}", flush=True)
+            print(f"{name} step {i:4d} loss {float(losses[-1]):.4f}", flush=True)
+        if on_eval is not None and ((eval_every and (i + 1) % eval_every == 0) or i == steps - 1):
+            curve.append({"step": i + 1, "train_loss": float(np.mean(jax.device_get(losses))), **on_eval(model)})
+            losses = []
+            print(f"{name} eval {curve[-1]}", flush=True)
+    return curve
 
 
-def evaluate(model, task: Dyck, num_batches: int, size: int, num_layers: int) -> dict:
+@nnx.jit
+def _eval_fwd(model, b):
+    loss, logits = task_loss(model, b)
+    return loss, logits
+
+
+@nnx.jit
+def _layer0_route(model, b):
+    x = layer0_features(model, b["inputs"], b["valid_len"])
+    return model.blocks[0].attn.route(x, b["valid_len"])["p"]  # every head's partner arrays [B, H, 2N]
+
+
+def evaluate(model, val: list[dict]) -> dict:
+    """Accuracy and loss on the validation batches `val`; for a non-crossing layer 0 (None for dense / local):
+    the share of words whose head-0 router builds exactly the bracket matching as its top caps, and per head the
+    share of bracket pairs that are caps (exact matching is all-or-nothing over ~24 pairs a word)."""
     correct = nll = count = matched = 0
-
-    @nnx.jit
-    def fwd(model, b):
-        loss, logits = task_loss(model, b)
-        x = layer0_features(model, b["inputs"], b["valid_len"])
-        routed = model.blocks[0].attn.route(x, b["valid_len"])
-        return loss, logits, routed["p"][:, 0]
-
-    for b in batches(task, "validation", size, num_batches, num_layers):
-        loss, logits, p = fwd(model, {k: v for k, v in b.items() if k != "opens"})
+    routed = isinstance(model.blocks[0].attn, NoncrossingAttention)
+    found_H = total = 0
+    for b in val:
+        size = b["label"].shape[0]
+        arrays = {k: v for k, v in b.items() if k != "opens"}
+        loss, logits = _eval_fwd(model, arrays)
         correct += int(jnp.sum(jnp.argmax(logits, -1) == b["label"]))
         nll += float(loss) * size
         count += size
-        for pi, o, vl in zip(np.asarray(p), b["opens"], np.asarray(b["valid_len"])):
-            matched += [c for c in diagram_np.caps(pi) if c[1] < vl] == matching(o[:vl])
-    return {"accuracy": correct / count, "valid_loss": nll / count, "router_matches_brackets": matched / count}
+        if routed:
+            for p_Hx2N, o, vl in zip(np.asarray(_layer0_route(model, arrays)), b["opens"], np.asarray(b["valid_len"])):
+                pairs = bracket_matching(o[:vl])
+                caps_H = [{c for c in diagram_np.caps(p) if c[1] < vl} for p in p_Hx2N]
+                matched += sorted(caps_H[0]) == pairs
+                found_H = found_H + np.array([sum(c in caps for c in pairs) for caps in caps_H])
+                total += len(pairs)
+    out = {"accuracy": correct / count, "valid_loss": nll / count,
+           "router_matches_brackets": matched / count if routed else None}
+    if routed:
+        out["router_pair_recall"] = [round(float(f) / total, 4) for f in found_H]
+    return out
 
 
 def depth_table(num: int = 300) -> None:
@@ -156,42 +151,73 @@ def depth_table(num: int = 300) -> None:
               f"share <= 4: {np.mean(d <= 4):.1%}")
 
 
+ARMS = ("cold", "warm", "dense", "local")
+
+
+def arm_config(arm: str, task: Dyck, depth: int, width: int, radius: int) -> TransformerConfig:
+    """The same classifier for every arm; only the attention differs (cold and warm: non-crossing, T = depth)."""
+    att = {"dense": DenseAttention(), "local": LocalAttention(radius=radius)}.get(
+        arm, NoncrossingAttentionConfig(num_route_layers=depth))
+    return TransformerConfig(vocab_size=task.vocab_size, model_dim=width, num_heads=2, num_layers=2,
+                             mlp_dim=2 * width, attention=att, num_classes=2)
+
+
+def run_arm(arm: str, seed: int, args) -> dict:
+    """One arm at one seed. Seed s: initial parameters from `nnx.Rngs(s)` (equal across arms of one kind) and
+    the training words of `Dyck(seed=s)` — task batches from example 0, the warm start's words after them (never
+    seen by the task run); validation on the fixed `Dyck(seed=0)` validation split."""
+    t0 = time.time()
+    total = (args.steps + args.warm_steps) * args.batch
+    train_task = Dyck(seq_len=args.n, m=args.depth, min_distance=min(16, args.n // 4), seed=seed,
+                      num_train=max(total, 1))
+    val_task = dataclasses.replace(train_task, seed=0)
+    val = list(batches(val_task, "validation", args.batch, args.eval_batches, args.depth, teacher=False))
+    model = TransformerClassifier(arm_config(arm, train_task, args.depth, args.width, args.radius),
+                                  rngs=nnx.Rngs(seed))
+    row = {"arm": arm, "seed": seed}
+    if arm == "warm":
+        warm = batches(train_task, "train", args.batch, args.warm_steps, args.depth, offset=args.steps * args.batch)
+        train(model, warm, args.warm_steps, router_loss, args.warm_lr, 50, "warm-start")
+        row["warm_start_only"] = evaluate(model, val)
+        print("warm start only", row["warm_start_only"], flush=True)
+    data = batches(train_task, "train", args.batch, args.steps, args.depth, teacher=False)
+    row["curve"] = train(model, data, args.steps, task_loss, args.lr, args.log_every, f"{arm} s{seed}",
+                         on_eval=lambda m: evaluate(m, val), eval_every=args.eval_every)
+    row.update(row["curve"][-1], wall_s=round(time.time() - t0, 1))
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--depth", type=int, default=10, help="Dyck height m and the routers' num_route_layers")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--warm-steps", type=int, default=150)
+    ap.add_argument("--width", type=int, default=32, help="model width (2 heads, MLP 2x)")
+    ap.add_argument("--radius", type=int, default=8, help="the local arm's window, each side")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--warm-steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warm-lr", type=float, default=1e-2)
-    ap.add_argument("--eval-batches", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arms", nargs="+", default=["cold", "warm"], choices=["cold", "warm"])
+    ap.add_argument("--eval-batches", type=int, default=16)
+    ap.add_argument("--eval-every", type=int, default=500, help="validation curve every this many steps (0: end)")
+    ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "dense"], choices=ARMS)
+    ap.add_argument("--out", help="append one JSON line per (arm, seed) to this file")
     ap.add_argument("--depths", action="store_true", help="print the tasks' bracket depths and exit")
     args = ap.parse_args(argv)
     if args.depths:
         return depth_table()
-    task = Dyck(seq_len=args.n, m=args.depth, min_distance=min(16, args.n // 4))
-    att = NoncrossingAttentionConfig(num_route_layers=args.depth)
-    cfg = TransformerConfig(vocab_size=task.vocab_size, model_dim=32, num_heads=2, num_layers=2, mlp_dim=64,
-                            attention=att, num_classes=2)
-    results = {}
-    for arm in args.arms:
-        t0 = time.time()
-        model = TransformerClassifier(cfg, rngs=nnx.Rngs(args.seed))
-        if arm == "warm":
-            # Words the task run never sees (the far end of the training split); their labels are not read.
-            warm = batches(task, "train", args.batch, args.warm_steps, args.depth, offset=task.num_train // 2)
-            train(model, warm, args.warm_steps, lambda m, b: (warm_start_loss(m, b), None), args.warm_lr, 50,
-                  "warm-start")
-            results["warm_start_only"] = evaluate(model, task, args.eval_batches, args.batch, args.depth)
-        data = batches(task, "train", args.batch, args.steps, args.depth)
-        train(model, data, args.steps, task_loss, args.lr, 50, arm)
-        results[arm] = {**evaluate(model, task, args.eval_batches, args.batch, args.depth),
-                        "wall_s": round(time.time() - t0, 1)}
-        print(arm, results[arm], flush=True)
-    print(json.dumps({"args": vars(args), "results": results}, indent=1))
+    rows = []
+    for seed in args.seeds:
+        for arm in args.arms:
+            row = {**run_arm(arm, seed, args), "args": vars(args)}
+            print(arm, seed, {k: v for k, v in row.items() if k not in ("curve", "args")}, flush=True)
+            rows.append(row)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return rows
 
 
 if __name__ == "__main__":
