@@ -1,5 +1,7 @@
-"""Retrieval runner: the evaluation's accuracy by distance against a hand count, one smoke run, refusals, grid."""
+"""Retrieval runner: the evaluation's accuracy by distance against a hand count, one smoke run, refusals, grid,
+the cpu_small setup's distances against the local window, the plot."""
 
+import dataclasses
 import json
 import types
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import lm_grid, retrieval
+from experiments.lm_budget import attention_for_budget
 from sparse_attn.data.tasks import AssociativeRecall, eval_batches
 
 N = 64
@@ -66,3 +69,30 @@ def test_refusals_and_grid(tmp_path):
                                 runs_dir=str(tmp_path), time_limit_s=1,
                                 run_cmd=lambda argv, t, module: calls.append((module, argv)) or 0, log=lambda *_: None)
     assert [c[0] for c in calls] == ["experiments.retrieval"] * 2 and set(status.values()) == {"finished"}
+
+
+def test_cpu_small_places_keys_inside_and_beyond_the_local_window():
+    setup = retrieval.SETUPS["cpu_small"]
+    task = retrieval.make_task("recall", 64, dataclasses.replace(setup, num_validation=64))
+    radius = attention_for_budget("local", n=64, keys_per_query_target=12).radius
+    dist = np.concatenate([task.source("validation")[i]["distance"] for i in range(64)])
+    # Local attention reads the value (at distance - 1) only within its radius.
+    inside = np.mean(dist - 1 <= radius)
+    assert 0.05 < inside < 0.5 and np.mean(dist > 2 * radius) > 0.3
+
+
+def test_plot_writes_a_png_per_variant(tmp_path):
+    edges = retrieval.distance_edges(N)
+    by = {lab: {"accuracy": 0.5, "fraction": 0.2} for lab in retrieval.bucket_labels(edges)}
+    row = {"task": "recall", "config": "smoke", "n": N, "budget_keys_per_query": 12.0, "variant": "local", "seed": 0,
+           "accuracy_by_distance": by, "attention": {"type": "LocalAttention", "radius": 12},
+           "keys_per_query": [11.8], "planned_keys_per_query": 11.8, "task_config": {"num_values": 16}}
+    results = tmp_path / "r.jsonl"
+    results.write_text("\n".join(json.dumps(r) for r in (row, {**row, "seed": 1}, {**row, "variant": "dense",
+                                                                                     "attention": {}})) + "\n")
+    png = tmp_path / "img" / "acc.png"
+    retrieval.main(["--plot", str(png), "--results", str(results), "--config", "smoke", "--n", str(N),
+                    "--budget", "12"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):  # no rows at that budget
+        retrieval.main(["--plot", str(png), "--results", str(results), "--config", "smoke", "--budget", "5"])
