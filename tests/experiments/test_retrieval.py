@@ -73,9 +73,9 @@ def test_refusals_and_grid(tmp_path):
 
 def test_cpu_small_places_keys_inside_and_beyond_the_local_window():
     setup = retrieval.SETUPS["cpu_small"]
-    task = retrieval.make_task("recall", 64, dataclasses.replace(setup, num_validation=64))
-    radius = attention_for_budget("local", n=64, keys_per_query_target=12).radius
-    dist = np.concatenate([task.source("validation")[i]["distance"] for i in range(64)])
+    task = retrieval.make_task("recall", 32, dataclasses.replace(setup, num_validation=256))
+    radius = attention_for_budget("local", n=32, keys_per_query_target=6).radius
+    dist = np.concatenate([task.source("validation")[i]["distance"] for i in range(256)])
     # Local attention reads the value (at distance - 1) only within its radius.
     inside = np.mean(dist - 1 <= radius)
     assert 0.05 < inside < 0.5 and np.mean(dist > 2 * radius) > 0.3
