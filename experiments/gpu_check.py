@@ -264,7 +264,8 @@ def core_impls(mech: str) -> tuple[str | None, list[str]]:
     default = default_implementation(None, kind)
     # (the label hard phase's "xla"/"pallas" need a pattern without landmarks: the timed one has none)
     others = [i for i in available_implementations(kind) if i not in ("reference", default)]
-    order = {"pallas": 0, "bucketed_pallas": 0, "bucketed": 1, "packed": 2, "xla": 3}  # "xla" last: its ABCA backward compiled 55-94 s
+    # "xla" last: its ABCA backward compiled 55-94 s
+    order = {"pallas": 0, "bucketed_pallas": 0, "bucketed": 1, "packed": 2, "xla": 3}
     return default, sorted(others, key=lambda i: order.get(i, 9))
 
 

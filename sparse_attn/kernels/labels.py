@@ -59,7 +59,8 @@ def entry_intervals(lay: BucketLayout, radius: int, causal: bool) -> Intervals:
     (so the tile lists keep only tiles whose label summaries meet). Inside a bucket an entry's range holds at most
     `radius` entries on each side (positions are distinct), which is its static reach."""
     flat = lambda x: x.reshape((-1, 1) + x.shape[2:])  # noqa: E731  [B, P, E, ...] -> [B P, 1, E, ...]
-    return Intervals(flat(lay.lo_E), flat(lay.hi_E), label_bits=flat(lay.bits_E), reach=(radius, 0 if causal else radius))
+    reach = (radius, 0 if causal else radius)
+    return Intervals(flat(lay.lo_E), flat(lay.hi_E), label_bits=flat(lay.bits_E), reach=reach)
 
 
 def prepare_bucketed_pallas(pattern: LabelPattern, *, head_dim: int | None = None, config: KernelConfig | None = None,
@@ -94,6 +95,9 @@ def bucketed_pallas(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, s
     lab, vl = _labels_and_lengths(pattern, b)
     p = lab.shape[1]
     prep = prepared if prepared is not None else prepare_bucketed_pallas(pattern, head_dim=dh, config=config, batch=b)
+    if prep.kernel.meta.lo.shape[0] not in (1, b * p):  # one entry sequence per (batch, label head), or one for all
+        raise ValueError(f"bucketed_pallas: metadata prepared for {prep.kernel.meta.lo.shape[0]} (batch, label head) "
+                         f"sequences, called with {b} x {p}")
     lay = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape[1:]), prep.layout)
     (q, q_bad), (k, k_bad), (v, v_bad) = map(finite_rows, (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD))
     q6, k5, v5, bad4 = split_heads(q, k, v, k_bad | v_bad, p)  # q [B, P, N, G', R', D], k/v [B, P, N, G', D]
@@ -108,8 +112,6 @@ def bucketed_pallas(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern: LabelPattern, *, s
     o_E, lse_E = pallas_attention(q_E, k_E, v_E, mask, scale, config=config, prepared=prep.kernel)
     o_E, lse_E = o_E.reshape(b, p, e, g, r, dh), lse_E.reshape(b, p, e, g, r)
     window = jnp.broadcast_to(prep.window_keys, (b,) + prep.window_keys.shape[1:])
-    if prep.kernel.meta.lo.shape[0] != b * p:
-        raise ValueError(f"bucketed_pallas: prepared for {prep.kernel.meta.lo.shape[0] // p} sequences, called with {b}")
 
     def one(o, lse, keys, q, k, v, bad, labels, lay, length):
         return combine_sequence(o, lse, keys, q, k, v, bad, labels, lay, length, num_labels=pattern.num_labels,

@@ -14,7 +14,8 @@ from sparse_attn.patterns.labels.pattern import LabelPattern
 
 @pytest.mark.parametrize(
     "n,d,k,radius,landmarks,causal,valid",
-    [(50, 6, 2, 7, 0, False, 37), (64, 5, 3, 9, 11, True, 64), (40, 8, 1, 5, 6, False, 33), (33, 4, 4, 40, 0, False, 20)],
+    [(50, 6, 2, 7, 0, False, 37), (64, 5, 3, 9, 11, True, 64), (40, 8, 1, 5, 6, False, 33),
+     (33, 4, 4, 40, 0, False, 20)],
 )
 def test_counts_equal_the_dense_mask(n, d, k, radius, landmarks, causal, valid):
     labels = B.top_k_labels(jax.random.normal(jax.random.PRNGKey(n), (1, 1, n, d)), k)
