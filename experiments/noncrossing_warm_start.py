@@ -2,7 +2,8 @@
 
 Command (the docs' table: 3 seeds x 3 arms, ~3 min an arm on a loaded 2-core CPU; `--out` appends JSON lines):
   python -m experiments.noncrossing_warm_start --arms cold warm dense --seeds 0 1 2 --steps 3000 \
-      --warm-steps 200 --eval-batches 16 --eval-every 500 --out experiments/results/noncrossing_warm_start.jsonl
+      --warm-steps 200 --eval-batches 16 --eval-every 500 --part table \
+      --out experiments/results/noncrossing_warm_start.jsonl
   python -m experiments.noncrossing_warm_start --depths   # the bracket-depth table of docs/noncrossing.md
 
 Arms, one Dyck-(k, m) classifier (balanced vs. corrupted, `sparse_attn.data.tasks.dyck`; 2 layers, 2 heads) that
@@ -204,6 +205,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--arms", nargs="+", default=["cold", "warm", "dense"], choices=ARMS)
     ap.add_argument("--out", help="append one JSON line per (arm, seed) to this file")
+    ap.add_argument("--part", default="", help="a label stored in every row (which table of the docs it feeds)")
     ap.add_argument("--depths", action="store_true", help="print the tasks' bracket depths and exit")
     args = ap.parse_args(argv)
     if args.depths:
@@ -211,7 +213,7 @@ def main(argv=None):
     rows = []
     for seed in args.seeds:
         for arm in args.arms:
-            row = {**run_arm(arm, seed, args), "args": vars(args)}
+            row = {"part": args.part, **run_arm(arm, seed, args), "args": vars(args)}
             print(arm, seed, {k: v for k, v in row.items() if k not in ("curve", "args")}, flush=True)
             rows.append(row)
             if args.out:
