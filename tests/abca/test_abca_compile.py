@@ -26,7 +26,9 @@ FLOATS = ("bf16", "f16", "f32", "f64")
 
 def _constants_after_folding(fn, args, dump_dir) -> list[tuple[str, tuple[int, ...]]]:
     """(dtype, shape) of every constant in the HLO dumped after each constant-folding pass of `fn`'s compilation."""
-    options = {"xla_dump_to": str(dump_dir), "xla_dump_hlo_pass_re": "constant_folding"}
+    # At the default optimisation level (tests/conftest.py lowers it for speed): the pipeline a user compiles.
+    options = {"xla_dump_to": str(dump_dir), "xla_dump_hlo_pass_re": "constant_folding",
+               "xla_backend_optimization_level": 2}
     jax.jit(fn).lower(*args).compile(options)
     files = glob.glob(os.path.join(dump_dir, "*after_constant_folding*.txt"))
     assert files, f"no HLO dumped after constant folding in {dump_dir}: the pass name changed?"
