@@ -2,8 +2,8 @@
 
 A key v in u's window is allowed iff it shares one of u's k labels, so by inclusion-exclusion over the non-empty
 subsets T of u's labels, keys(u) = sum_T (-1)^(|T|+1) #{v in window(u) : T ⊆ labels(v)}. Each term is a range
-count among the tokens that carry T: tokens are sorted by (T, position) once per subset size, and u's window is
-two binary searches inside its T-group. Landmarks beyond the window are a dense [N, L] test (L = N / stride).
+count among the tokens that carry T: entries are sorted by (T, position) once per subset size, and u's window
+is two binary searches inside its T-group. Landmarks beyond the window are a dense [N, L] test (L = N / stride).
 Meant for the small k of label attention (2^k - 1 subsets); the tests compare it with `LabelPattern.to_dense`.
 """
 
@@ -31,29 +31,33 @@ def _lower_bound(sorted_E, x_Q, lo_Q, hi_Q):
     return jax.lax.fori_loop(0, steps, body, (lo_Q, hi_Q))[0]
 
 
-def _subset_counts(lab_NxK, cols: tuple[int, ...], lo_N, hi_N):
-    """int32[N]: tokens v with pos in [lo_u, hi_u] whose labels include u's labels at `cols` (one subset per u).
+def _subset_counts(lab_NxK, size: int, lo_N, hi_N) -> list:
+    """Per subset of `size` label slots (in `itertools.combinations` order), int32[N]: tokens v with pos in
+    [lo_u, hi_u] whose labels include u's labels at those slots.
 
     lab_NxK must be sorted along k (so a subset is the same tuple wherever it occurs) and hold a sentinel for
-    padding tokens; each token is entered once per subset of its labels of this size (`itertools.combinations`).
+    padding tokens. Every token is entered once per subset of its labels of this size and the entries are sorted
+    once by (subset, position); each of u's subsets then counts inside its group by two binary searches.
     """
     n, k = lab_NxK.shape
-    combos = list(itertools.combinations(range(k), len(cols)))
+    combos = list(itertools.combinations(range(k), size))
     pos = jnp.arange(n, dtype=jnp.int32)
-    keys = [jnp.concatenate([lab_NxK[:, c[j]] for c in combos]) for j in range(len(cols))]  # [C N] each
+    keys = [jnp.concatenate([lab_NxK[:, c[j]] for c in combos]) for j in range(size)]  # [C N] each
     pos_E = jnp.tile(pos, len(combos))
     e = pos_E.shape[0]
     idx = jnp.arange(e, dtype=jnp.int32)
-    *keys_s, pos_s, perm_E = jax.lax.sort(keys + [pos_E, idx], num_keys=len(cols) + 1)
+    *keys_s, pos_s, perm_E = jax.lax.sort(keys + [pos_E, idx], num_keys=size + 1)
     new = jnp.concatenate([jnp.ones((1,), bool), jnp.any(jnp.stack([x[1:] != x[:-1] for x in keys_s]), 0)])
     last = jnp.concatenate([new[1:], jnp.ones((1,), bool)])
     start_E = jax.lax.cummax(jnp.where(new, idx, 0))
     end_E = jax.lax.cummin(jnp.where(last, idx + 1, e), reverse=True)
-    # u's own entry for this subset: where its (subset, position) landed.
-    rank_E = jnp.zeros((e,), jnp.int32).at[perm_E].set(idx)
-    mine = rank_E[combos.index(cols) * n + pos]
-    gs, ge = start_E[mine], end_E[mine]
-    return _lower_bound(pos_s, hi_N + 1, gs, ge) - _lower_bound(pos_s, lo_N, gs, ge)
+    rank_E = jnp.zeros((e,), jnp.int32).at[perm_E].set(idx)  # where each (subset, position) entry landed
+    out = []
+    for c in range(len(combos)):
+        mine = rank_E[c * n + pos]
+        gs, ge = start_E[mine], end_E[mine]
+        out.append(_lower_bound(pos_s, hi_N + 1, gs, ge) - _lower_bound(pos_s, lo_N, gs, ge))
+    return out
 
 
 def window_key_counts(labels_NxK, num_labels: int, base: BaseGraph, valid_len=None) -> jax.Array:
@@ -74,8 +78,8 @@ def window_key_counts(labels_NxK, num_labels: int, base: BaseGraph, valid_len=No
     total = jnp.zeros((n,), jnp.int32)
     for size in range(1, k + 1):
         sign = 1 if size % 2 else -1
-        for cols in itertools.combinations(range(k), size):
-            total = total + sign * _subset_counts(lab, cols, lo, hi)
+        for count in _subset_counts(lab, size, lo, hi):
+            total = total + sign * count
     return jnp.where(alive, total, 0)
 
 
