@@ -59,7 +59,8 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
     mechanism (at n = 128 two layers of local's 32-key radius already reach the whole sequence, so only
     n = 512 restricts local); ListOps seeds 1-2 of those three; the other mechanisms on Pathfinder (where
     dense learned something by step 600) and Dyck (where neither dense nor local did); ListOps seeds 1-2 of the
-    other mechanisms; labels; then the rest (seeds, n = 512)."""
+    other mechanisms; labels; Pathfinder seeds 1-2 (the one task where dense has learned something at n = 128,
+    so the one where seeds can separate mechanisms); then the rest (seeds, n = 512)."""
     def cells(tasks, ns, attentions, seeds):
         return [Cell(t, n, a, s, steps[n]) for n in ns for s in seeds for t in tasks for a in attentions]
     order = (
@@ -70,6 +71,7 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
         + cells(("pathfinder", "dyck"), (128,), CPU_MECHANISMS[::-1], (0,))
         + cells(("listops",), (128,), CPU_MECHANISMS, (1, 2))
         + cells(CPU_TASKS, (128,), ("labels",), (0,))
+        + cells(("pathfinder",), (128,), ("dense", "local", *CPU_MECHANISMS), (1, 2))
         + cells(CPU_TASKS, (128,), CPU_ATTENTION, (0, 1, 2))
         + cells(CPU_TASKS, (512,), CPU_ATTENTION, (0, 1, 2))
     )
