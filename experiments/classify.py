@@ -32,6 +32,7 @@ import sys
 import jax
 
 from experiments import classify_metrics as cm
+from experiments import router_warm_start as rws
 from experiments.attention_names import CLASSIFIER_NAMES, Anchors, classifier_attention, parse_names
 from experiments.padded_pathfinder import PaddedPathfinder, padded_size
 from experiments.prefetch import PrefetchBatches
@@ -50,6 +51,8 @@ class ClassifyConfig:
     """One run: task (its config fixes the data), attention names per layer, model, training, eval size.
 
     Evaluation covers the first `num_validation` validation examples (`train.eval_batches` is not used).
+    `router_warm_start` > 0 (Dyck, layer 0 a defect-pair router): fit layer 0's router to the bracket matching
+    for that many steps before task training (experiments/router_warm_start.py); rows say `<attention>+warm<steps>`.
     """
 
     name: str
@@ -59,6 +62,16 @@ class ClassifyConfig:
     model: TransformerConfig
     train: TrainConfig
     num_validation: int
+    router_warm_start: int = 0
+    router_warm_lr: float = 1e-2
+
+    def __post_init__(self):
+        if self.router_warm_start < 0:
+            raise ValueError(f"router_warm_start must be >= 0 steps, got {self.router_warm_start}")
+        if self.router_warm_start:
+            if not isinstance(self.task, Dyck):
+                raise ValueError(f"the router warm start needs bracket words (dyck), not {self.task_name}")
+            rws.route_layers(self.model)  # layer 0 must be a defect-pair router
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -181,6 +194,22 @@ CONFIGS = {"smoke": smoke, "small": small, "cpu": cpu, "seed": seed}
 
 # ---------------------------------------------------------------------------------------------- run
 
+def router_warm_start(config: ClassifyConfig, log=print):
+    """The train loop's `warm_start` for `config`: layer 0's router fitted on the last training words (one batch
+    of `global_batch` a step; Dyck words carry no class information for the router's targets), or None."""
+    steps, size = config.router_warm_start, config.train.global_batch
+    if not steps:
+        return None
+    offset = len(config.task.source("train")) - steps * size
+    num_layers = rws.route_layers(config.model)
+
+    def warm_start(model) -> None:
+        batches = rws.dyck_batches(config.task, "train", size, steps, num_layers, offset=offset)
+        rws.fit_router(model, batches, steps, lr=config.router_warm_lr, log=log)
+
+    return warm_start
+
+
 # May differ on resume: executors compute the same attention (tested against the reference).
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
@@ -205,9 +234,11 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
             train_iter=train_iter,
             eval_batches=lambda: valid,
             experiment={"name": config.name, "task_name": config.task_name, "task": task,
-                        "attention": list(config.attention), "model": config.model, "num_validation": num_valid},
+                        "attention": list(config.attention), "model": config.model, "num_validation": num_valid,
+                        "router_warm_start": config.router_warm_start, "router_warm_lr": config.router_warm_lr},
             allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
             log=log,
+            warm_start=router_warm_start(config, log),
         )
     finally:
         train_iter.close()
@@ -238,7 +269,8 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
     train = summary.get("train", {})
     return {
         "kind": "classify",
-        "task": config.task_name, "n": tc.seq_len, "attention": attention_spec(config.attention),
+        "task": config.task_name, "n": tc.seq_len, "attention": attention_label(config),
+        "router_warm_start": config.router_warm_start,
         "config": config.name, "seed": tc.seed, "steps": summary["step"],
         "accuracy": evals["accuracy"], "valid_loss": evals["valid_loss"],
         "accuracy_by_bucket": evals.get("accuracy_by_bucket"),
@@ -274,6 +306,12 @@ def attention_spec(names: tuple[str, ...]) -> str:
     return names[0] if len(set(names)) == 1 else ",".join(names)
 
 
+def attention_label(config: ClassifyConfig) -> str:
+    """The rows' mechanism name: the attention spec, `+warm<steps>` when the router was warm-started."""
+    spec = attention_spec(config.attention)
+    return f"{spec}+warm{config.router_warm_start}" if config.router_warm_start else spec
+
+
 def json_safe(x):
     """NaN/inf (e.g. an empty bucket's accuracy) -> None, so every line is strict JSON."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -286,7 +324,7 @@ def json_safe(x):
 
 
 def default_workdir(args) -> str:
-    att = args.attention.replace(",", "+")
+    att = args.attention.replace(",", "+") + (f"+warm{args.router_warm_start}" if args.router_warm_start else "")
     return os.path.join("runs", "classify", f"{args.task}_n{args.n}_{att}_{args.config}_s{args.seed}")
 
 
@@ -301,6 +339,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_steps", type=int)
     parser.add_argument("--workdir", help="default runs/classify/<task>_n<n>_<attention>_<config>_s<seed>")
     parser.add_argument("--results", help="append the result row to this JSONL file")
+    parser.add_argument("--router_warm_start", type=int, default=0, metavar="STEPS",
+                        help="dyck: first fit layer 0's defect-pair router to the bracket matching for STEPS steps")
+    parser.add_argument("--router_warm_lr", type=float, default=1e-2, help="the warm start's Adam learning rate")
     parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
                         help="on resume, accept this config field (fnmatch pattern) differing; repeatable")
     return parser.parse_args(argv)
@@ -310,6 +351,9 @@ def config_from_args(args: argparse.Namespace) -> ClassifyConfig:
     config = CONFIGS[args.config](args.task, args.n, args.attention, args.seed)
     if args.num_steps is not None:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
+    if args.router_warm_start:
+        config = dataclasses.replace(config, router_warm_start=args.router_warm_start,
+                                     router_warm_lr=args.router_warm_lr)
     return config
 
 

@@ -4,8 +4,8 @@ Command (CPU, ~1 min):
   python -m experiments.noncrossing_figure
 
 The defect-pair router (T=4 layers, one head) reads token embeddings of '(' and ')'. It is fitted by the supervised
-warm start (docs/noncrossing.md): at layer t, BCE on whether each adjacent-defect pair closes a bracket of height t
-(teacher-forced on the exact layered construction, docs/noncrossing.md "Diagram algebra"). Then the *router
+warm start (`sparse_attn.modules.noncrossing.warm_start`, docs/noncrossing.md): at layer t, BCE on whether each
+adjacent-defect pair closes a bracket of height t (teacher-forced on the exact layered construction). Then the *router
 itself* (local-max selection, no teacher) builds the diagram of a held-out sequence; the script checks that its top
 caps are the bracket matching and draws the diagram and the key rows [self, top partner, bottom partner] as an
 attention mask.
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 
 from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
-from sparse_attn.modules.noncrossing.scorer import pair_scores
-from sparse_attn.patterns.noncrossing import diagram_np, layered, stats
+from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
+from sparse_attn.patterns.noncrossing import diagram_np, stats
 
 T = 4
 
@@ -46,72 +45,30 @@ def random_dyck(rng, n: int, max_depth: int) -> str:
 
 
 def matching(seq: str) -> list[tuple[int, int]]:
-    stack, caps = [], []
-    for i, ch in enumerate(seq):
-        if ch == "(":
-            stack.append(i)
-        else:
-            caps.append((stack.pop(), i))
-    return sorted(caps)
-
-
-def teacher_targets(seq: str):
-    """Per layer: next-defect array, target (pair closes a cap of height t), and mask (pair exists)."""
-    n = len(seq)
-    caps = matching(seq)
-    height = layered.cap_heights(caps, n)
-    p = diagram_np.identity(n)
-    nxt_T, y_T, m_T = [], [], []
-    for t, layer in enumerate(layered.layered_word(caps, n) + [[]] * T, start=1):
-        if t > T:
-            break
-        defects = [a for a in range(n) if p[a] >= n]
-        nxt = np.full(n, n - 1)
-        y, m = np.zeros(n, np.float32), np.zeros(n, bool)
-        for a, b in zip(defects, defects[1:]):
-            nxt[a], m[a] = b, True
-            y[a] = float(height.get((a, b)) == t)
-        nxt_T.append(nxt), y_T.append(y), m_T.append(m)
-        for i in layer:
-            diagram_np.rmul_gen(p, i)
-    return np.stack(nxt_T), np.stack(y_T), np.stack(m_T)
+    return bracket_matching(np.array([ch == "(" for ch in seq]))
 
 
 def fit_router(model_dim: int, n: int, steps: int, seed: int):
+    """A one-head router on '(' / ')' embeddings, fitted by the warm start's loss on random Dyck strings."""
     rngs = nnx.Rngs(seed)
     module = NoncrossingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
     embed = nnx.Embed(2, model_dim, rngs=rngs)
     rng = np.random.default_rng(seed)
 
     def batch(size):
-        seqs = [random_dyck(rng, n, T) for _ in range(size)]
-        toks = np.array([[ch == ")" for ch in s] for s in seqs], np.int32)
-        nxt, y, m = map(np.stack, zip(*(teacher_targets(s) for s in seqs)))
-        return jnp.asarray(toks), jnp.asarray(nxt), jnp.asarray(y), jnp.asarray(m)
+        toks = np.array([[ch == ")" for ch in random_dyck(rng, n, T)] for _ in range(size)], np.int32)
+        return jnp.asarray(toks), bracket_targets(toks == 0, np.full(size, n), T)
 
-    def loss_fn(models, toks, nxt, y, m):
+    def loss_fn(models, toks, targets):
         module, embed = models
-        u, v = module.scorer.features(embed(toks))  # [B, 1, N, T, r]
-        sc = module.scorer
-
-        def one(u1, v1, nxt1):  # one sequence, head 0: scores of every layer's adjacent-defect pairs
-            return jnp.stack(
-                [
-                    pair_scores(u1[:, t], v1[:, t], nxt1[t], sc.w[...][0, t], sc.c[...][0, t], sc.beta[...][0, t])
-                    for t in range(T)
-                ]
-            )
-
-        s = jax.vmap(one)(u[:, 0], v[:, 0], nxt)
-        bce = optax.sigmoid_binary_cross_entropy(s, y)
-        return jnp.sum(jnp.where(m, bce, 0.0)) / jnp.sum(m)
+        return warm_start_loss(module, embed(toks), targets)
 
     models = (module, embed)
     opt = nnx.Optimizer(models, optax.adam(3e-2), wrt=nnx.Param)
 
     @nnx.jit
-    def step(models, opt, toks, nxt, y, m):
-        loss, g = nnx.value_and_grad(loss_fn)(models, toks, nxt, y, m)
+    def step(models, opt, toks, targets):
+        loss, g = nnx.value_and_grad(loss_fn)(models, toks, targets)
         opt.update(models, g)
         return loss
 

@@ -29,39 +29,15 @@ import numpy as np
 import optax
 from flax import nnx
 
+from experiments.router_warm_start import dyck_batches, fit_router, layer0_features
 from sparse_attn.data.tasks.common import batch as task_batch
 from sparse_attn.data.tasks.dyck import Dyck
 from sparse_attn.data.tasks.listops import CLOSE, ListOps
 from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention, LocalAttention
 from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
-from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
+from sparse_attn.modules.noncrossing.warm_start import bracket_matching
 from sparse_attn.patterns.noncrossing import diagram_np
-
-
-def batches(task: Dyck, split: str, size: int, num: int, num_layers: int, offset: int = 0, teacher: bool = True):
-    """`num` consecutive batches from example `offset` of `split`; `teacher` adds the warm start's targets."""
-    src = task.source(split)
-    for i in range(num):
-        b = task_batch(src, range(offset + i * size, offset + (i + 1) * size))
-        opens = (b["inputs"] >= 1) & (b["inputs"] <= task.k)
-        out = {**{k: jnp.asarray(v) for k, v in b.items()}, "opens": opens}
-        if teacher:
-            out.update(bracket_targets(opens, b["valid_len"], num_layers))
-        yield out
-
-
-def layer0_features(model, tokens, valid_len):
-    """What layer 0's router reads: the normalised embeddings, padding selected to 0 (as the module does)."""
-    block = model.blocks[0]
-    x = block.norm1(model.embed(tokens))
-    live = jnp.arange(tokens.shape[1])[None, :, None] < valid_len[:, None, None]
-    return jnp.where(live, x, 0.0)
-
-
-def router_loss(model, b):
-    """The warm start's BCE on layer 0's router, through the embedding it reads."""
-    return warm_start_loss(model.blocks[0].attn, layer0_features(model, b["inputs"], b["valid_len"]), b), None
 
 
 def task_loss(model, b):
@@ -172,16 +148,17 @@ def run_arm(arm: str, seed: int, args) -> dict:
     train_task = Dyck(seq_len=args.n, m=args.depth, min_distance=min(16, args.n // 4), seed=seed,
                       num_train=max(total, 1))
     val_task = dataclasses.replace(train_task, seed=0)
-    val = list(batches(val_task, "validation", args.batch, args.eval_batches, args.depth, teacher=False))
+    val = list(dyck_batches(val_task, "validation", args.batch, args.eval_batches, args.depth, teacher=False))
     model = TransformerClassifier(arm_config(arm, train_task, args.depth, args.width, args.radius),
                                   rngs=nnx.Rngs(seed))
     row = {"arm": arm, "seed": seed}
     if arm == "warm":
-        warm = batches(train_task, "train", args.batch, args.warm_steps, args.depth, offset=args.steps * args.batch)
-        train(model, warm, args.warm_steps, router_loss, args.warm_lr, 50, "warm-start")
+        warm = dyck_batches(train_task, "train", args.batch, args.warm_steps, args.depth,
+                            offset=args.steps * args.batch)
+        fit_router(model, warm, args.warm_steps, lr=args.warm_lr, log=lambda msg: print(msg, flush=True))
         row["warm_start_only"] = evaluate(model, val)
         print("warm start only", row["warm_start_only"], flush=True)
-    data = batches(train_task, "train", args.batch, args.steps, args.depth, teacher=False)
+    data = dyck_batches(train_task, "train", args.batch, args.steps, args.depth, teacher=False)
     row["curve"] = train(model, data, args.steps, task_loss, args.lr, args.log_every, f"{arm} s{seed}",
                          on_eval=lambda m: evaluate(m, val), eval_every=args.eval_every)
     row.update(row["curve"][-1], wall_s=round(time.time() - t0, 1))

@@ -82,6 +82,7 @@ def train_and_evaluate(
     experiment: dict | None = None,
     allowed_changes: Collection[str] = (),
     log: Callable[[str], None] = print,
+    warm_start: Callable[[nnx.Module], None] | None = None,
 ) -> dict:
     """Train to `config.num_steps` (resuming from `workdir` if it holds a checkpoint).
 
@@ -99,6 +100,10 @@ def train_and_evaluate(
         stored with each checkpoint with `config` and compared on resume.
       allowed_changes: fnmatch patterns of config paths (`train.num_steps`) that may differ from
         the checkpoint's on resume, besides `run_config.ALWAYS_ALLOWED`.
+      warm_start: `model -> None`, run once on the freshly initialized model (never on resume) to update it in
+        place before step 0, e.g. a supervised pre-fit of a router; the optimizer state starts from its result.
+        It must be deterministic: a run that stops before its first checkpoint runs it again. Record what it
+        does in `experiment`, so that a resume under a different warm start is refused.
     Returns:
       A summary: steps, parameter count, memory, last train metrics, final eval metrics.
     """
@@ -173,6 +178,9 @@ def train_and_evaluate(
         if restored is None:
             state = state_lib.init_state(make_model, tx, config, shardings)
             info("no checkpoint: initialized from scratch")
+            if warm_start is not None:
+                state = state_lib.warm_started(state, graphdef, warm_start, tx, shardings)
+                info("warm start applied to the initial model")
         else:
             restored_step, state, data_state = restored
             train_iter.set_state(data_state)

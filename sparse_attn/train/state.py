@@ -87,6 +87,16 @@ def init_state(make_model: ModelFactory, tx, config: TrainConfig, shardings: Tra
     return jax.jit(_init_fn(make_model, tx, config.seed), out_shardings=shardings)()
 
 
+def warm_started(state: TrainState, graphdef: nnx.GraphDef, warm_start: Callable[[nnx.Module], None], tx,
+                 shardings: TrainState) -> TrainState:
+    """`state` after `warm_start(model)` updated its model in place, with a fresh optimizer state, laid out as
+    `shardings` again."""
+    model = nnx.merge(graphdef, state.params, state.rest)
+    warm_start(model)
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax.device_put(TrainState(state.step, params, rest, tx.init(params)), shardings)
+
+
 def with_shardings(shapes: TrainState, shardings: TrainState) -> TrainState:
     """ShapeDtypeStructs carrying shardings: restore targets for orbax."""
     return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
