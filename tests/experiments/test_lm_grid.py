@@ -1,6 +1,7 @@
 """LM at equal budgets: budget matching checked on dense masks of random inputs, one smoke cell, the grid's logic."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -153,3 +154,20 @@ def test_budget_search_skips_parameters_the_config_refuses():
     those radii as over budget instead of failing."""
     att = lm_budget.attention_for_budget("labels_pos", n=256, keys_per_query_target=24)
     assert att.position_cell == 8 and abs(lm_budget.label_keys(att, 256) - 24) <= 0.1 * 24
+
+
+def test_plot_lm_curves_and_flops(tmp_path):
+    from experiments import plot_lm  # noqa: PLC0415
+
+    def row(variant, seed, curve, flops):
+        return {"kind": "lm", "config": "c", "n": 64, "variant": variant, "seed": seed,
+                "valid_curve": [{"step": s, "bits_per_byte": b} for s, b in curve],
+                "valid_bits_per_byte": curve[-1][1], "attn_fwd_flops_per_seq": flops}
+    rows = [row("dense", 0, [(10, 3.0), (20, 2.0)], 1e6), row("dense", 1, [(10, 3.2), (20, 2.2)], 1e6),
+            row("local", 0, [(10, 2.5), (20, 2.1), (30, 2.0)], 2e5), {"kind": "lm", "config": "other", "n": 64}]
+    steps, bpb = plot_lm.mean_curve(plot_lm.grouped(rows, "c", 64)["dense"])
+    assert steps.tolist() == [10, 20] and bpb == pytest.approx([3.1, 2.1])
+    paths = plot_lm.plot(rows, "c", 64, str(tmp_path / "lm"))
+    assert all(os.path.getsize(p) > 1000 for p in paths)
+    with pytest.raises(ValueError, match="no LM rows"):
+        plot_lm.plot(rows, "c", 128, str(tmp_path / "none"))
