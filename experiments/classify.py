@@ -201,6 +201,9 @@ def router_warm_start(config: ClassifyConfig, log=print):
     if not steps:
         return None
     offset = len(config.task.source("train")) - steps * size
+    if offset < 0:
+        raise ValueError(f"router_warm_start: {steps} steps of {size} words need {steps * size} training words, "
+                         f"the task has {offset + steps * size}")
     num_layers = rws.route_layers(config.model)
 
     def warm_start(model) -> None:
