@@ -51,6 +51,7 @@ CPU_TASKS = ("listops", "dyck", "pathfinder")
 CPU_ATTENTION = ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")
 CPU_STEPS = {128: 600, 512: 300}
 CPU_MECHANISMS = ("longformer", "abca", "noncrossing_defect")  # all but labels (~9x dense's time a step)
+WARM = "noncrossing_defect+warm200"  # Dyck only: layer 0's router pre-fitted to the brackets (supervision)
 
 
 def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
@@ -59,7 +60,8 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
     mechanism (at n = 128 two layers of local's 32-key radius already reach the whole sequence, so only
     n = 512 restricts local); ListOps seeds 1-2 of those three; the other mechanisms on Pathfinder (where
     dense learned something by step 600) and Dyck (where neither dense nor local did); ListOps seeds 1-2 of the
-    other mechanisms; labels; Pathfinder seeds 1-2 (the one task where dense has learned something at n = 128,
+    other mechanisms; labels; seed 002's mechanism on Dyck with the router warm start (the one arm that learned
+    Dyck in docs/noncrossing.md's study); Pathfinder seeds 1-2 (the one task where dense has learned something at n = 128,
     so the one where seeds can separate mechanisms); then the rest (seeds, n = 512)."""
     def cells(tasks, ns, attentions, seeds):
         return [Cell(t, n, a, s, steps[n]) for n in ns for s in seeds for t in tasks for a in attentions]
@@ -71,6 +73,7 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
         + cells(("pathfinder", "dyck"), (128,), CPU_MECHANISMS[::-1], (0,))
         + cells(("listops",), (128,), CPU_MECHANISMS, (1, 2))
         + cells(CPU_TASKS, (128,), ("labels",), (0,))
+        + cells(("dyck",), (128,), (WARM,), (0, 1, 2))
         + cells(("pathfinder",), (128,), ("dense", "local", *CPU_MECHANISMS), (1, 2))
         + cells(CPU_TASKS, (128,), CPU_ATTENTION, (0, 1, 2))
         + cells(CPU_TASKS, (512,), CPU_ATTENTION, (0, 1, 2))
@@ -228,12 +231,21 @@ def claim(workdir: str) -> bool:
     return False
 
 
+def attention_argv(attention: str) -> list[str]:
+    """classify.py's arguments for a cell's attention name: `<spec>+warm<STEPS>` (the rows' label of a router
+    warm start) is `--attention <spec> --router_warm_start STEPS`."""
+    spec, sep, steps = attention.rpartition("+warm")
+    if sep and steps.isdigit():
+        return ["--attention", spec, "--router_warm_start", steps]
+    return ["--attention", attention]
+
+
 def _run_cell(cell: Cell, *, config, steps, default_steps, workdir, results, limit, run, log, extra) -> str:
     """One claimed cell: run it with its own results file, then append its row (+ `extra`, load) to `results`."""
     own = os.path.join(workdir, "row.jsonl")
     if os.path.exists(own):
         os.remove(own)
-    argv = ["--task", cell.task, "--n", str(cell.n), "--attention", cell.attention, "--config", config,
+    argv = ["--task", cell.task, "--n", str(cell.n), *attention_argv(cell.attention), "--config", config,
             "--seed", str(cell.seed), "--workdir", workdir, "--results", own]
     if steps != default_steps:
         argv += ["--num_steps", str(steps)]

@@ -37,10 +37,15 @@ def _fake_run(calls, *, row_extra=None, rc=0):
 
 def test_cpu_grid_plan_order_and_selection():
     cells = classify_grid.GRIDS["cpu"]
-    assert len(cells) == len(set(cells)) == 3 * 6 * 2 * 3
+    assert len(cells) == len(set(cells)) == 3 * 6 * 2 * 3 + 3
     assert {(c.task, c.attention) for c in cells} == {
         (t, a) for t in ("listops", "dyck", "pathfinder")
-        for a in ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")}
+        for a in ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")} | {("dyck", classify_grid.WARM)}
+    warm = [c for c in cells if c.attention == classify_grid.WARM]
+    assert [(c.n, c.seed) for c in warm] == [(128, 0), (128, 1), (128, 2)]
+    assert classify_grid.attention_argv(classify_grid.WARM) == [
+        "--attention", "noncrossing_defect", "--router_warm_start", "200"]
+    assert classify_grid.attention_argv("local,abca") == ["--attention", "local,abca"]
     # Priority: ListOps n=128 seed 0 (dense, local, the mechanisms but labels) first, then Dyck/Pathfinder
     # dense/local, then ListOps n=512; labels only after every other mechanism's seed-0 n=128 cell.
     assert all(c.steps == classify_grid.CPU_STEPS[c.n] for c in cells)
@@ -52,7 +57,7 @@ def test_cpu_grid_plan_order_and_selection():
     assert {(c.task, c.attention) for c in cells[:first_labels] if c.n == 128 and c.seed == 0} == {
         (t, a) for t in ("listops", "dyck", "pathfinder") for a in ("dense", "local", *classify_grid.CPU_MECHANISMS)}
     # Shards partition the selection; filters compose.
-    sel = classify_grid.select(cells, skip="labels", lengths=(128,), seeds="1,2")
+    sel = classify_grid.select(cells, skip=f"labels,{classify_grid.WARM}", lengths=(128,), seeds="1,2")
     assert len(sel) == 3 * 5 * 2 and all(c.n == 128 and c.seed in (1, 2) and c.attention != "labels" for c in sel)
     halves = [classify_grid.select(cells, only="dense,local", shard=f"{i}/2") for i in range(2)]
     assert sorted(halves[0] + halves[1]) == sorted(classify_grid.select(cells, only="dense,local"))
