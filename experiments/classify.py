@@ -34,6 +34,7 @@ import jax
 from experiments import classify_metrics as cm
 from experiments import router_warm_start as rws
 from experiments.attention_names import CLASSIFIER_NAMES, Anchors, classifier_attention, parse_names
+from experiments.cell_runs import git_commit
 from experiments.padded_pathfinder import PaddedPathfinder, padded_size
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import Cifar10, Digits, Dyck, ListOps, Pathfinder, eval_batches
@@ -291,7 +292,7 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
         "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
         "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command, "workdir": workdir,
+        "command": command, "workdir": workdir, "git_commit": git_commit(),
     }
 
 
