@@ -214,6 +214,14 @@ def router_warm_start(config: ClassifyConfig, log=print):
     return warm_start
 
 
+def warm_start_record(config: ClassifyConfig) -> dict:
+    """The warm start's part of the checkpointed experiment: nothing without one, so that runs started before the
+    option existed still resume; a resume with another warm start (or none) is refused."""
+    if not config.router_warm_start:
+        return {}
+    return {"router_warm_start": config.router_warm_start, "router_warm_lr": config.router_warm_lr}
+
+
 # May differ on resume: executors compute the same attention (tested against the reference).
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
@@ -239,7 +247,7 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
             eval_batches=lambda: valid,
             experiment={"name": config.name, "task_name": config.task_name, "task": task,
                         "attention": list(config.attention), "model": config.model, "num_validation": num_valid,
-                        "router_warm_start": config.router_warm_start, "router_warm_lr": config.router_warm_lr},
+                        **warm_start_record(config)},
             allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
             log=log,
             warm_start=router_warm_start(config, log),

@@ -17,7 +17,7 @@ from experiments import classify_metrics as cm
 from experiments.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
 from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LocalAttention, NoncrossingAttentionConfig
-from sparse_attn.train import read_metrics
+from sparse_attn.train import ConfigMismatchError, read_metrics
 
 QUIET = dict(log=lambda m: None)
 
@@ -147,6 +147,10 @@ def test_router_warm_start_fits_layer0_and_labels_the_rows(tmp_path):
     assert classify.default_workdir(args).endswith("dyck_n64_noncrossing_defect+warm200_smoke_s0")
     with pytest.raises(ValueError, match="need 1600 training words, the task has 64"):  # 200 steps of 8 words
         classify.router_warm_start(classify.config_from_args(args))
+    # A resume under another warm start, or none, is refused; cold runs record nothing (older runs resume).
+    assert classify.warm_start_record(smoke) == {}
+    with pytest.raises(ConfigMismatchError, match="router_warm_start"):
+        classify.train_and_evaluate(dataclasses.replace(config, router_warm_start=0), str(tmp_path), **QUIET)
     # It needs bracket words and a defect-pair router in layer 0.
     with pytest.raises(ValueError, match="bracket words"):
         dataclasses.replace(classify.smoke("listops", 64, "noncrossing_defect"), router_warm_start=5)
