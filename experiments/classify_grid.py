@@ -290,6 +290,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--min_cell", type=float, default=60, help="seconds a cell needs to be started")
     parser.add_argument("--only", help="comma-separated attention names: run only these cells")
     parser.add_argument("--n", type=int, action="append", help="run only cells of this length (repeatable)")
+    parser.add_argument("--task", action="append", help="run only cells of this task (repeatable)")
     parser.add_argument("--seeds", help="comma-separated: run only cells of these seeds")
     parser.add_argument("--skip", help="comma-separated attention names: leave these cells out")
     parser.add_argument("--shard", default="0/1", help="i/k: run the cells whose index is i mod k (parallel grids)")
@@ -299,7 +300,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--dry_run", action="store_true", help="list the cells and their status only")
     args = parser.parse_args(argv)
     cells = select(GRIDS[args.grid], only=args.only, skip=args.skip, shard=args.shard, lengths=args.n or (),
-                   seeds=args.seeds)
+                   seeds=args.seeds, tasks=args.task or ())
     if args.dry_run:
         for cell in cells:
             print(cell)
@@ -314,8 +315,8 @@ def main(argv=None) -> dict:
 
 
 def select(cells: list[Cell], *, only: str | None = None, skip: str | None = None, shard: str = "0/1",
-           lengths=(), seeds: str | None = None) -> list[Cell]:
-    """The cells named by `--only` / `--skip` (attention names), `--n` and `--seeds`, then every k-th of them
+           lengths=(), seeds: str | None = None, tasks=()) -> list[Cell]:
+    """The cells named by `--only` / `--skip` (attention names), `--n`, `--seeds` and `--task`, then every k-th of them
     from the i-th (`--shard i/k`)."""
     seeds = {int(x) for x in seeds.split(",")} if seeds else set()
     keep = set(only.split(",")) if only else None
@@ -324,7 +325,7 @@ def select(cells: list[Cell], *, only: str | None = None, skip: str | None = Non
     if not 0 <= i < k:
         raise ValueError(f"--shard must be i/k with 0 <= i < k, got {shard!r}")
     cells = [c for c in cells if (keep is None or c.attention in keep) and c.attention not in drop
-             and (not lengths or c.n in lengths) and (not seeds or c.seed in seeds)]
+             and (not lengths or c.n in lengths) and (not seeds or c.seed in seeds) and (not tasks or c.task in tasks)]
     return cells[i::k]
 
 

@@ -59,6 +59,8 @@ def test_cpu_grid_plan_order_and_selection():
     # Shards partition the selection; filters compose.
     sel = classify_grid.select(cells, skip=f"labels,{classify_grid.WARM}", lengths=(128,), seeds="1,2")
     assert len(sel) == 3 * 5 * 2 and all(c.n == 128 and c.seed in (1, 2) and c.attention != "labels" for c in sel)
+    dyck = classify_grid.select(cells, only="dense", seeds="1", tasks=("dyck",))
+    assert dyck == [Cell("dyck", 128, "dense", 1, 600), Cell("dyck", 512, "dense", 1, 300)]
     halves = [classify_grid.select(cells, only="dense,local", shard=f"{i}/2") for i in range(2)]
     assert sorted(halves[0] + halves[1]) == sorted(classify_grid.select(cells, only="dense,local"))
     assert not set(halves[0]) & set(halves[1])
