@@ -302,7 +302,9 @@ def claim_hierarchical(entries: list[dict], mechanism: str, config: str) -> dict
     within = all(e["delta"] >= -1.0 for e in cells)
     pairs = all(e["attn_ratio"] is not None and e["attn_ratio"] <= 0.5 for e in cells)
     peak = all(e["peak_ratio"] is not None and e["peak_ratio"] <= 0.5 for e in cells)
-    return {"answer": within and pairs, "within": within, "pairs": pairs, "peak": peak, "cells": cells}
+    missing = sorted(set(HIERARCHICAL) - {e["task"] for e in cells})  # the answer covers the tasks run only
+    return {"answer": within and pairs, "within": within, "pairs": pairs, "peak": peak, "cells": cells,
+            "missing": missing}
 
 
 def claim_images(entries: list[dict], mechanism: str, config: str) -> dict:
@@ -349,7 +351,8 @@ def verdicts(entries: list[dict]) -> str:
             hd = ", ".join(f"{e['task']} {e['n']}: {_pts(e['delta'])}" for e in h["cells"]) or "–"
             idl = ", ".join(f"{e['task']} {e['n']}: {_pts(e['delta'])}" for e in im["cells"]) or "–"
             name = f"**{m}** (seed 002's)" if m == SEED_MECHANISM else m
-            lines.append(f"| {name} | {_yes(h['answer'])} | {_yes(h.get('within'))}: {hd} | {_yes(h.get('pairs'))} "
+            only = f" (no {', '.join(h['missing'])} cells)" if h.get("missing") else ""
+            lines.append(f"| {name} | {_yes(h['answer'])}{only} | {_yes(h.get('within'))}: {hd} | {_yes(h.get('pairs'))} "
                          f"| {_yes(h.get('peak'))} | {_yes(im['answer'])} | {idl} |")
         lines.append("")
         if SEED_MECHANISM in mechanisms:

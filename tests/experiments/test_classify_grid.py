@@ -171,10 +171,10 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     # local is 10 points down (claim 1: no) and does not fail on images (claim 2: no).
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     nc = lines["**noncrossing_defect** (seed 002's)"].split("|")
-    assert [c.strip() for c in nc[2:5]] == ["**yes**", "**yes**: listops 128: -0.5", "**yes**"]
+    assert [c.strip() for c in nc[2:5]] == ["**yes** (no dyck cells)", "**yes**: listops 128: -0.5", "**yes**"]
     assert nc[6].strip() == "**yes**"
     loc = lines["local"].split("|")
-    assert loc[2].strip() == "**no**" and loc[6].strip() == "**no**"
+    assert loc[2].strip() == "**no** (no dyck cells)" and loc[6].strip() == "**no**"
     assert "dense separates from local (dense − local = +10.0 ± 1.4 points, 2 σ needed)" in text
     assert "validation loss dense 1.590 vs local 1.690" in text  # mean over seeds, beside the accuracies
     assert "(noncrossing_defect, `cpu`): claim 1 **yes**; claim 2 **yes**." in text
