@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from experiments.router_warm_start import dyck_batches, fit_router, layer0_features
+from experiments.router_warm_start import adam_step, dyck_batches, fit_router, layer0_features
 from sparse_attn.data.tasks.common import batch as task_batch
 from sparse_attn.data.tasks.dyck import Dyck
 from sparse_attn.data.tasks.listops import CLOSE, ListOps
@@ -50,14 +50,7 @@ def train(model, data, steps: int, loss_fn, lr: float, log_every: int, name: str
           eval_every: int = 0) -> list[dict]:
     """Adam at a constant `lr`; every `eval_every` steps (and at the end) appends `on_eval(model)` to the curve,
     with the mean training loss since the previous entry."""
-    opt = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, opt, b):
-        (loss, _), g = nnx.value_and_grad(loss_fn, has_aux=True)(model, b)
-        opt.update(model, g)
-        return loss
-
+    opt, step = adam_step(model, loss_fn, lr)
     curve, losses = [], []
     for i in range(steps):
         b = next(data)

@@ -61,18 +61,25 @@ def router_loss(model, batch: dict):
     return warm_start_loss(model.blocks[0].attn, x, batch), None
 
 
-def fit_router(model, batches: Iterator[dict], steps: int, *, lr: float, log_every: int = 50,
-               log: Callable[[str], None] = print) -> list[float]:
-    """Adam at a constant `lr` on `router_loss` for `steps` batches, updating `model` in place (every parameter
-    the loss reaches: layer 0's scorer and the embedding). Returns the losses."""
+def adam_step(model, loss_fn, lr: float):
+    """(optimizer, step) for Adam at a constant `lr` on `loss_fn(model, batch) -> (loss, aux)`;
+    `step(model, optimizer, batch)` updates `model` in place and returns the loss."""
     opt = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
 
     @nnx.jit
     def step(model, opt, b):
-        (loss, _), g = nnx.value_and_grad(router_loss, has_aux=True)(model, b)
+        (loss, _), g = nnx.value_and_grad(loss_fn, has_aux=True)(model, b)
         opt.update(model, g)
         return loss
 
+    return opt, step
+
+
+def fit_router(model, batches: Iterator[dict], steps: int, *, lr: float, log_every: int = 50,
+               log: Callable[[str], None] = print) -> list[float]:
+    """Adam at a constant `lr` on `router_loss` for `steps` batches, updating `model` in place (every parameter
+    the loss reaches: layer 0's scorer and the embedding). Returns the losses."""
+    opt, step = adam_step(model, router_loss, lr)
     losses = []
     for i in range(steps):
         b = next(batches)
