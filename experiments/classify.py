@@ -320,8 +320,11 @@ def attention_spec(names: tuple[str, ...]) -> str:
 
 def attention_label(config: ClassifyConfig) -> str:
     """The rows' mechanism name: the attention spec, `+warm<steps>` when the router was warm-started."""
-    spec = attention_spec(config.attention)
-    return f"{spec}+warm{config.router_warm_start}" if config.router_warm_start else spec
+    return with_warm(attention_spec(config.attention), config.router_warm_start)
+
+
+def with_warm(spec: str, warm_steps: int) -> str:
+    return f"{spec}+warm{warm_steps}" if warm_steps else spec
 
 
 def json_safe(x):
@@ -336,7 +339,7 @@ def json_safe(x):
 
 
 def default_workdir(args) -> str:
-    att = args.attention.replace(",", "+") + (f"+warm{args.router_warm_start}" if args.router_warm_start else "")
+    att = with_warm(args.attention.replace(",", "+"), args.router_warm_start)
     return os.path.join("runs", "classify", f"{args.task}_n{args.n}_{att}_{args.config}_s{args.seed}")
 
 

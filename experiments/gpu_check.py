@@ -477,11 +477,12 @@ class Recorder:
     """Appends each row to the JSONL (flushed and fsynced: a killed run keeps what it had) and rewrites the
     markdown table from this run's rows."""
 
-    def __init__(self, out_dir: str, common: dict, p: Plan):
+    def __init__(self, out_dir: str, common: dict, p: Plan, name: str = "gpu_check", render=None):
+        """`render(rows, common, plan) -> markdown` (default: this module's table) writes `<name>.md`."""
         os.makedirs(out_dir, exist_ok=True)
-        self.jsonl = os.path.join(out_dir, "gpu_check.jsonl")
-        self.md = os.path.join(out_dir, "gpu_check.md")
-        self.common, self.plan, self.rows = common, p, []
+        self.jsonl = os.path.join(out_dir, f"{name}.jsonl")
+        self.md = os.path.join(out_dir, f"{name}.md")
+        self.common, self.plan, self.rows, self.render = common, p, [], render or markdown
 
     def emit(self, row: dict, log) -> dict:
         row = dict(row, **self.common)
@@ -491,7 +492,7 @@ class Recorder:
             f.flush()
             os.fsync(f.fileno())
         with open(self.md, "w") as f:
-            f.write(markdown(self.rows, self.common, self.plan))
+            f.write(self.render(self.rows, self.common, self.plan))
         log(_describe(row))
         return row
 

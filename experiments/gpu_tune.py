@@ -1,7 +1,7 @@
 """Tile sweep of the dense-class kernel on one GPU (issue 12, part 3): which Triton tiles, warps and pipeline stages
 per head dim, timed side by side with cuDNN dense in one run.
 
-Command (one H200, nothing installed; about 3 minutes, after or instead of experiments/gpu_check.py):
+Command (one H200, nothing installed; a 200 s budget by default, after or instead of experiments/gpu_check.py):
     SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 300 python3 -m experiments.gpu_tune --out $OUT
         -> appends to OUT/gpu_tune.jsonl, rewrites OUT/gpu_tune.md (then copy both into experiments/results/)
     python -m experiments.gpu_tune --dry-run --out /tmp/x   # CPU, interpret mode, tiny sizes: every code path
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import time
 import traceback
@@ -58,10 +57,6 @@ def candidates(head_dim: int, dry_run: bool = False) -> list[kernels.BlockSizes]
     return [b for b in dict.fromkeys(listed) if smem.fits(b, head_dim, 2)]
 
 
-def blocks_dict(b: kernels.BlockSizes) -> dict:
-    return dataclasses.asdict(b)
-
-
 def sweep(p: gpu_check.Plan, head_dims, emit, t_start: float, dry_run: bool) -> None:
     for d in head_dims:
         n = p.n
@@ -78,7 +73,7 @@ def sweep(p: gpu_check.Plan, head_dims, emit, t_start: float, dry_run: bool) -> 
             for name, blocks, method in methods:
                 row = dict(method=name, n=n, d=d, mode=mode, dtype="bfloat16")
                 if blocks is not None:
-                    row["blocks"] = blocks_dict(blocks)
+                    row["blocks"] = dataclasses.asdict(blocks)
                 left = p.budget_s - (time.perf_counter() - t_start)
                 if left <= 0:
                     emit(dict(row, skipped="time budget"))
@@ -97,7 +92,7 @@ def _blocks_label(b: dict) -> str:
             f"{b['block_k_bwd'] or b['block_k']}, warps {b['num_warps'] or 'auto'}, stages {b['num_stages']}")
 
 
-def markdown(rows: list[dict], common: dict) -> str:
+def markdown(rows: list[dict], common: dict, p: gpu_check.Plan | None = None) -> str:
     lines = [f"# Dense kernel tile sweep: {common['device']}, jax {common['jax']}, commit {common['commit']}, "
              f"{common['date']}", "",
              "Command: `SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 300 python3 -m experiments.gpu_tune` "
@@ -140,27 +135,15 @@ def main(argv=None) -> list[dict]:
     dev = jax.devices()[0]
     common = dict(commit=gpu_check._commit(), device=dev.device_kind, jax=jax.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    os.makedirs(args.out, exist_ok=True)
-    jsonl, md = os.path.join(args.out, "gpu_tune.jsonl"), os.path.join(args.out, "gpu_tune.md")
-    rows: list[dict] = []
-
-    def emit(row: dict) -> None:
-        row = dict(row, **common)
-        rows.append(row)
-        with open(jsonl, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        with open(md, "w") as f:
-            f.write(markdown(rows, common))
-        print(f"[{time.perf_counter() - t_start:6.1f}s] {gpu_check._describe(row)} {row.get('blocks', '')}",
-              flush=True)
+    rec = gpu_check.Recorder(args.out, common, p, name="gpu_tune", render=markdown)
+    log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
+    emit = lambda row: rec.emit(row, log)  # noqa: E731
 
     try:
         sweep(p, head_dims, emit, t_start, args.dry_run)
     except Exception:  # noqa: BLE001  (rows so far are on disk; say what broke)
-        print(traceback.format_exc()[-2000:], flush=True)
-    return rows
+        log(traceback.format_exc()[-2000:])
+    return rec.rows
 
 
 if __name__ == "__main__":

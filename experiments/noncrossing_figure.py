@@ -17,9 +17,9 @@ import argparse
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
+from experiments.router_warm_start import adam_step
 from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
 from sparse_attn.patterns.noncrossing import diagram_np, stats
@@ -59,21 +59,14 @@ def fit_router(model_dim: int, n: int, steps: int, seed: int):
         toks = np.array([[ch == ")" for ch in random_dyck(rng, n, T)] for _ in range(size)], np.int32)
         return jnp.asarray(toks), bracket_targets(toks == 0, np.full(size, n), T)
 
-    def loss_fn(models, toks, targets):
-        module, embed = models
-        return warm_start_loss(module, embed(toks), targets)
+    def loss_fn(models, b):
+        (module, embed), (toks, targets) = models, b
+        return warm_start_loss(module, embed(toks), targets), None
 
     models = (module, embed)
-    opt = nnx.Optimizer(models, optax.adam(3e-2), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(models, opt, toks, targets):
-        loss, g = nnx.value_and_grad(loss_fn)(models, toks, targets)
-        opt.update(models, g)
-        return loss
-
+    opt, step = adam_step(models, loss_fn, 3e-2)
     for i in range(steps):
-        loss = step(models, opt, *batch(32))
+        loss = step(models, opt, batch(32))
         if i % 50 == 0 or i == steps - 1:
             print(f"step {i:4d}  teacher-forced BCE {float(loss):.4f}", flush=True)
     return module, embed
