@@ -350,6 +350,9 @@ def _bucket_pass(q_NxGxRxD, k_NxGxD, v_NxGxD, lay: BucketLayout, tier, scale, bl
         below = jnp.pad(lay.below_E, ((0, pad), (0, 0))).reshape(nb, block, -1)
     ranges = Ranges(lo, hi, below, lay.bits_E)
     ok_xBxC = band_mask(ranges, block, reaches[0], _width(block, reaches[0], causal))
+    # A scan step of more blocks than the pass has would only score padding (at n = 128, k = 2: 2 blocks of 128
+    # entries padded to the 8 of GROUP_ENTRIES, 4x the work).
+    group = min(group, nb)
 
     # The keys come from the pass's own masks: a separate count would build every wider tier's mask once more
     # (one more switch to compile).

@@ -61,7 +61,7 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
 
     pad = nb * block - n
     padq = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])
-    bias = soft.log_q(padq(p_NxL)[:, :, None, :], keys(p_NxL)[:, None, :, :], eps)  # [nb, B, C+L]
+    bias = soft.log_q_pairs(padq(p_NxL), keys(p_NxL), eps)  # [nb, B, C+L]
     q_xBxGxRxD = padq(q_NxGxRxD)
     s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, keys(k_NxGxD), preferred_element_type=jnp.float32) * scale
     vk = keys(v_NxGxD).astype(jnp.float32)

@@ -25,12 +25,43 @@ def log_no_share(p_u_xL: jax.Array, p_v_xL: jax.Array) -> jax.Array:
     return jnp.sum(jnp.log1p(-prod), axis=-1)
 
 
+@jax.custom_vjp
+def log_no_share_pairs(p_AxUxL: jax.Array, p_AxVxL: jax.Array) -> jax.Array:
+    """[A, U, V]: `log_no_share` of every (u, v) pair of each of A groups — the soft executor's band layout.
+
+    Same values as `log_no_share(p_u[:, :, None], p_v[:, None])`; the backward is two einsums. Autodiff of the
+    broadcast form reduces a [A, U, V, L] product over a middle axis, which XLA:CPU runs ~20x slower than the
+    equivalent dot (docs/labels.md, "XLA:CPU detail"); it took ~90% of a soft-phase train step.
+    """
+    return log_no_share(p_AxUxL[:, :, None, :], p_AxVxL[:, None, :, :])
+
+
+def _pairs_fwd(p_AxUxL, p_AxVxL):
+    return log_no_share_pairs(p_AxUxL, p_AxVxL), (p_AxUxL, p_AxVxL)
+
+
+def _pairs_bwd(res, g_AxUxV):
+    p_u, p_v = res
+    prod = p_u[:, :, None, :] * p_v[:, None, :, :]
+    # d/dx log1p(-min(x, c)) = -1 / (1 - x) below the clip, 0 where the clip holds (as autodiff of jnp.minimum).
+    t_AxUxVxL = jnp.where(prod < PRODUCT_CLIP, -g_AxUxV[..., None] / (1.0 - prod), 0.0)
+    return jnp.einsum("auvl,avl->aul", t_AxUxVxL, p_v), jnp.einsum("auvl,aul->avl", t_AxUxVxL, p_u)
+
+
+log_no_share_pairs.defvjp(_pairs_fwd, _pairs_bwd)
+
+
 def log_q(p_u_xL: jax.Array, p_v_xL: jax.Array, eps: float = DEFAULT_EPS) -> jax.Array:
     """log(q_uv + eps) = log(-expm1(L_uv) + eps), finite in float32 where the direct formula gives -inf.
 
     The self pair is not special-cased here: callers set q_uu := 1 (bias 0).
     """
     return jnp.log(-jnp.expm1(log_no_share(p_u_xL, p_v_xL)) + eps)
+
+
+def log_q_pairs(p_AxUxL: jax.Array, p_AxVxL: jax.Array, eps: float = DEFAULT_EPS) -> jax.Array:
+    """[A, U, V]: `log_q` of every (u, v) pair of each group, through `log_no_share_pairs` (a fast backward)."""
+    return jnp.log(-jnp.expm1(log_no_share_pairs(p_AxUxL, p_AxVxL)) + eps)
 
 
 def q_direct(p_u_xL: jax.Array, p_v_xL: jax.Array) -> jax.Array:
