@@ -30,8 +30,8 @@ def log_no_share_pairs(p_AxUxL: jax.Array, p_AxVxL: jax.Array) -> jax.Array:
     """[A, U, V]: `log_no_share` of every (u, v) pair of each of A groups — the soft executor's band layout.
 
     Same values as `log_no_share(p_u[:, :, None], p_v[:, None])`; the backward is two einsums. Autodiff of the
-    broadcast form reduces a [A, U, V, L] product over a middle axis, which XLA:CPU runs ~20x slower than the
-    equivalent dot (docs/labels.md, "XLA:CPU detail"); it took ~90% of a soft-phase train step.
+    broadcast form reduces a [A, U, V, L] product over a middle axis, which XLA:CPU runs far slower than the
+    equivalent dot (docs/abca.md, "XLA:CPU detail"; docs/labels.md, "Train-step time and memory on CPU").
     """
     return log_no_share(p_AxUxL[:, :, None, :], p_AxVxL[:, None, :, :])
 
