@@ -165,7 +165,8 @@ def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainCo
     tok_s = summary.get("tokens_per_s")
     valid = read_metrics(workdir, "valid") if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else {}
     tuned = {f: getattr(attention, f) for f in ("radius", "interval", "max_zone", "block", "num_labels", "top_k",
-                                                "handshake", "handshake_steps", "placement") if hasattr(attention, f)}
+                                                "position_cell", "handshake", "handshake_steps",
+                                                "placement") if hasattr(attention, f)}
     row = {
         "kind": "lm", "config": config, "n": cell.n, "variant": cell.variant, "budget_keys_per_query": cell.budget,
         "seed": cell.seed, "steps": summary["step"],

@@ -36,7 +36,8 @@ def mean_curve(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(steps), np.array([np.mean([c[s] for c in by_step]) for s in steps])
 
 
-def plot(rows: list[dict], config: str, n: int, out: str) -> list[str]:
+def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[str] | None = None) -> list[str]:
+    """The two plots of `config` and `n`; the curves only of `curve_variants` (default: every variant)."""
     from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
 
     groups = grouped(rows, config, n)
@@ -46,6 +47,8 @@ def plot(rows: list[dict], config: str, n: int, out: str) -> list[str]:
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     for variant, runs in groups.items():
+        if curve_variants is not None and variant not in curve_variants:
+            continue
         steps, bpb = mean_curve(runs)
         ax.plot(steps, bpb, marker="o", label=f"{variant} ({len(runs)} seeds)")
     ax.set(xlabel="training step", ylabel="validation bits/byte", title=f"LM {config}, n = {n}: mean over seeds")

@@ -6,7 +6,8 @@ lines in experiments/results/*.jsonl.
 Works on whatever rows exist: rows are grouped by (task, config, n, attention) and summarized over seeds. Only
 the part of `--out` between the classification markers is rewritten, so other sections (e.g. language
 modelling) can live in the same file; to a page without the markers the section is appended. Rows from before and
-after renames of per-layer statistics are read alike (`_first`).
+after renames of per-layer statistics are read alike (`_first`). The same command then renders the language-modelling
+and retrieval sections (`experiments.report_lm`, plots in the page's img/ folder).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import math
 import os
 import statistics
 
+from experiments import report_lm
 from experiments.classify import make_task
+from experiments.doc_sections import write_section
 
 BEGIN = "<!-- classification:begin (python -m experiments.report_results writes this section) -->"
 END = "<!-- classification:end -->"
-TITLE = "# Results\n"
 NOTE_FILE = "classify_note.md"  # the machine, its load and the scale of the runs in results_dir
 
 # Majority-class accuracy (docs/tasks.md), the floor a model that learned nothing reaches, for rows that do not
@@ -490,26 +492,6 @@ def section(rows: list[dict], entries: list[dict], *, out: str, plots_dir: str, 
     return "\n".join(parts), plots
 
 
-def write_section(out: str, text: str) -> None:
-    """Replace the text between the markers in `out` (other sections stay); without markers the section is
-    appended (or the page created)."""
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    old = ""
-    if os.path.exists(out):
-        with open(out) as f:
-            old = f.read()
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        new = head + block + ("\n" + tail if tail else "")
-    elif old.strip() and not old.startswith("# Classification results"):  # keep a page written by others
-        new = old.rstrip("\n") + "\n\n" + block
-    else:  # no page yet, or the classification-only page this script used to write
-        new = TITLE + "\n" + block
-    with open(out, "w") as f:
-        f.write(new)
-
-
 def render(results_dir: str, out: str, *, plots_dir: str, note: str = "") -> list[str]:
     """Write the classification section of `out` and its plots to `plots_dir`; returns the plot paths.
     `note`: a paragraph under the status line (e.g. the machine and its load)."""
@@ -518,7 +500,7 @@ def render(results_dir: str, out: str, *, plots_dir: str, note: str = "") -> lis
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     os.makedirs(plots_dir, exist_ok=True)
     text, plots = section(rows, entries, out=out, plots_dir=plots_dir, note=note)
-    write_section(out, text)
+    write_section(out, text, markers=(BEGIN, END), replaces="# Classification results")
     return plots
 
 
@@ -537,6 +519,8 @@ def main(argv=None) -> list[str]:
             note = f.read().strip()
     paths = render(args.results_dir, args.out, plots_dir=args.plots_dir, note=note)
     print(f"wrote {args.out} and {len(paths)} plots")
+    # The LM and retrieval sections of the same page (their plots beside the page, as docs/results.md's were).
+    report_lm.render(args.results_dir, args.out, plots_dir=os.path.join(os.path.dirname(args.out) or ".", "img"))
     return paths
 
 

@@ -162,7 +162,8 @@ def run(task_name: str, config: str, cell: lm_grid.Cell, *, workdir: str, result
         "keys_per_query": [ratio(ev[f"layer{i}/keys_per_query"], ev["full"]) if f"layer{i}/keys_per_query" in ev
                            else None for i in range(model.num_layers)],
         "attention": {"type": type(att).__name__, **{f: getattr(att, f) for f in ("radius", "interval", "max_zone",
-                                                                                  "num_labels", "top_k")
+                                                                                  "num_labels", "top_k",
+                                                                                  "position_cell", "placement")
                                                      if hasattr(att, f)}},
         "task_config": dataclasses.asdict(task),
         "tokens_per_s": lm_grid._finite(summary.get("tokens_per_s")), "wall_s": summary.get("wall_s"),
@@ -224,7 +225,8 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
     by_variant: dict[str, list[dict]] = {}
     for r in rows:
         by_variant.setdefault(r["variant"], []).append(r)
-    labels = list(rows[0]["accuracy_by_distance"]) if rows else []
+    labels = [b for b in (rows[0]["accuracy_by_distance"] if rows else [])  # buckets some answer falls in
+              if any(r["accuracy_by_distance"].get(b, {}).get("accuracy") is not None for r in rows)]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
     for variant, rs in by_variant.items():

@@ -1,0 +1,71 @@
+"""The LM and retrieval sections of docs/results.md, rendered from hand-made rows into a page with prose around them."""
+
+import json
+
+import pytest
+
+from experiments import report_lm
+
+
+def lm_row(variant, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):
+    return {"kind": "lm", "config": "c", "n": 64, "variant": variant, "budget_keys_per_query": 12.0, "seed": seed,
+            "valid_bits_per_byte": bpb, "planned_keys_per_query": planned, "attn_vs_dense": 0.5,
+            "attention": {"type": "LocalAttention", "radius": 12}, "layers": [{"keys_per_query": keys}] * 2,
+            "memory_mib": {"peak_mib": 10.0}, "attn_fwd_flops_per_seq": 1e6, "commit": commit,
+            "valid_curve": [{"step": 10, "bits_per_byte": bpb + 1}, {"step": 20, "bits_per_byte": bpb}]}
+
+
+def recall_row(variant, seed, acc, near, far):
+    return {"kind": "retrieval", "task": "recall", "config": "c", "n": 32, "variant": variant, "seed": seed,
+            "budget_keys_per_query": 6.0, "accuracy": acc, "seq_accuracy": acc / 2, "valid_loss": 1.0,
+            "accuracy_by_distance": {"1-1": {"accuracy": None, "fraction": 0.0},
+                                     "2-15": {"accuracy": near, "fraction": 0.5},
+                                     "16-32": {"accuracy": far, "fraction": 0.5}},
+            "keys_per_query": [6.0, 6.5], "planned_keys_per_query": 6.0, "attention": {"type": "LocalAttention"},
+            "task_config": {"num_values": 16}, "commit": "bbbbbbb2"}
+
+
+def test_tables_pair_gaps_by_seed_keep_the_latest_row_and_the_prose(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    lm = [lm_row("dense", 0, 2.0), lm_row("dense", 1, 3.0), lm_row("local", 1, 9.9),  # seed 1 is rerun below
+          lm_row("local", 0, 2.2), lm_row("local", 1, 3.0), lm_row("labels", 0, 2.5, keys=40.0, planned=24.0)]
+    (results / "lm.jsonl").write_text("\n".join(json.dumps(r) for r in lm) + "\nnot json\n")
+    recall = [recall_row("dense", 0, 0.9, 1.0, 0.8), recall_row("local", 0, 0.5, 0.9, 0.1),
+              recall_row("local", 1, 0.7, 0.9, 0.5)]
+    (results / "retrieval.jsonl").write_text("\n".join(json.dumps(r) for r in recall) + "\n")
+    page = tmp_path / "results.md"
+    page.write_text(f"# Results\n\nprose before\n\n{report_lm.LM_MARKERS[0]}\nold table\n{report_lm.LM_MARKERS[1]}\n\n"
+                    "prose between\n")
+
+    assert report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img")) == ["lm", "retrieval"]
+    text = page.read_text()
+    assert "old table" not in text and "prose before" in text and "prose between" in text
+    assert (text.index(report_lm.LM_MARKERS[1]) < text.index("prose between")
+            < text.index(report_lm.RETRIEVAL_MARKERS[0]))
+    lm_part = text.split(report_lm.LM_MARKERS[0])[1].split(report_lm.LM_MARKERS[1])[0]
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in lm_part.splitlines() if line.startswith("| ")}
+    # local: seeds 0 and 1 (the rerun's 3.0 wins), gaps +10% and 0% against the same seed's dense
+    assert "| 0, 1 | 24.0 / 24.0 | 2.200 / 3.000 | 2.600 ± 0.566 | +5.0 ± 7.1% |" in lines["local"]
+    assert "(planned 24.0)" in lines["labels"] and "| 0 | " in lines["labels"] and "+25.0%" in lines["labels"]
+    assert lines["dense"].count("| – |") == 1  # no gap for the reference itself
+    # retrieval: the empty 1-1 bucket is left out; per-bucket means over seeds
+    assert "by distance 2-15 / 16-32 |" in text
+    assert "| 50.0 / 70.0% | 60.0 ± 14.1% | 90.0 / 30.0% | 30.0 ± 7.1% |" in text
+    for png in ("lm_c_n64_curves.png", "lm_c_n64_bpb_vs_flops.png", "retrieval_recall_c_n32.png"):
+        assert (tmp_path / "img" / png).read_bytes()[:4] == b"\x89PNG" and f"](img/{png})" in text
+
+    report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img"))  # idempotent
+    assert page.read_text() == text
+
+
+def test_missing_result_files_leave_the_page_alone(tmp_path):
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nhand-written\n")
+    assert report_lm.render(str(tmp_path), str(page), plots_dir=str(tmp_path / "img")) == []
+    assert page.read_text() == "# Results\n\nhand-written\n"
+
+
+@pytest.mark.parametrize("values, text", [([], "–"), ([2.0], "2.000"), ([1.0, 3.0], "2.000 ± 1.414")])
+def test_mean_std(values, text):
+    assert report_lm._mean_std(values, ".3f") == text
