@@ -1,7 +1,7 @@
 """Plots of the LM grid's rows (docs/results.md, "Language modelling"): validation bits/byte against training step per
 variant, and final bits/byte against attention forward FLOPs per sequence.
 
-    python -m experiments.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short
+    python -m experiments.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short_n256
 
 writes `<out>_curves.png` and `<out>_bpb_vs_flops.png` from `--results` (default experiments/results/lm.jsonl).
 Per variant: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
