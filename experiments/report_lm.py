@@ -82,7 +82,10 @@ def _seeds(rs: list[dict]) -> str:
 
 
 def _commits(rs: list[dict]) -> str:
-    return ", ".join(dict.fromkeys(str(r.get("commit", "?"))[:7] for r in rs))
+    def short(commit: str) -> str:  # `6b4592e+dirty`: the hash shortened, the suffix kept
+        head, plus, tail = commit.partition("+")
+        return head[:7] + plus + tail
+    return ", ".join(dict.fromkeys(short(str(r.get("commit", "?"))) for r in rs))
 
 
 def lm_table(rows: list[dict]) -> str:
