@@ -16,9 +16,9 @@ import os
 import statistics
 
 from experiments import plot_lm, retrieval
+from experiments.doc_sections import write_section
 from experiments.lm_budget import VARIANTS
 from experiments.lm_grid import read_rows
-from experiments.doc_sections import write_section
 
 LM_MARKERS = ("<!-- lm:begin (python -m experiments.report_lm writes this section) -->", "<!-- lm:end -->")
 RETRIEVAL_MARKERS = ("<!-- retrieval:begin (python -m experiments.report_lm writes this section) -->",
