@@ -57,17 +57,19 @@ TOLERANCE = 0.10  # matched budgets lie within 10% of the target
 class Variant:
     """One compared mechanism: `build(param, n, target)` gives its config for the tuned integer parameter (window
     radius, fixed interval or zone cap) at length n and the target keys per query (BigBird sizes its random block
-    from it)."""
+    from it). `monotone`: keys per query grow with the parameter (bisection finds it); label attention's do not
+    (landmarks every `radius`: a small radius multiplies them), so its parameters are all measured."""
 
     build: Callable[[int, int, float], object]
     tuned: str
+    monotone: bool = True
 
 
 def _labels(d: int, k: int, cell: int = 0) -> Variant:
     # Landmarks every `radius` tokens (about one per window), stated here so the count does not follow a default.
     return Variant(lambda w, n, t: LabelAttentionConfig(num_labels=d, top_k=k, radius=w, landmark_every=w,
                                                         position_cell=cell, block=min(128, n),
-                                                        soft_block=min(64, n)), "radius")
+                                                        soft_block=min(64, n)), "radius", monotone=False)
 
 
 def _abca(**kw) -> Variant:
@@ -180,21 +182,34 @@ def attention_for_budget(name: str, *, n: int, keys_per_query_target: float, tok
             return math.inf
         return keys_per_query(att, n, tokens_BxN)
 
-    lo, hi = 1, max(n - 1, 1)
-    if measure(hi) < keys_per_query_target:
-        lo = hi
-    while lo < hi:  # the smallest parameter reaching the target (keys grow with the parameter)
-        mid = (lo + hi) // 2
-        if measure(mid) >= keys_per_query_target:
-            hi = mid
-        else:
-            lo = mid + 1
-    best = min({max(lo - 1, 1), lo}, key=lambda p: abs(measure(p) - keys_per_query_target))
+    best = (_closest_monotone if variant.monotone else _closest_right_of_minimum)(measure, max(n - 1, 1),
+                                                                                    keys_per_query_target)
     got = measure(best)
     if abs(got - keys_per_query_target) > TOLERANCE * keys_per_query_target:
         raise ValueError(f"{name}: no {variant.tuned} gives {keys_per_query_target:g} keys per query at n={n} "
                          f"(closest: {got:.1f} at {variant.tuned}={best}); pick another budget or variant")
     return variant.build(best, n, keys_per_query_target)
+
+
+def _closest_monotone(measure: Callable[[int], float], hi: int, target: float) -> int:
+    """Bisection for the smallest parameter in [1, hi] reaching the target, then the closer of it and the one below."""
+    lo = hi if measure(hi) < target else 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if measure(mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return min({max(lo - 1, 1), lo}, key=lambda p: abs(measure(p) - target))
+
+
+def _closest_right_of_minimum(measure: Callable[[int], float], hi: int, target: float) -> int:
+    """Every parameter in [1, hi] measured; the closest to the target among those at or above the one with the
+    fewest keys. (Labels: keys fall with the radius while landmarks thin out, then grow with the window; the wide-
+    window side is the one label attention is meant for, and where a bisection from above lands at short n.)"""
+    keys = np.array([measure(p) for p in range(1, hi + 1)])
+    low = int(np.argmin(keys))
+    return low + 1 + int(np.argmin(np.abs(keys[low:] - target)))
 
 
 def newline_windows(data_U8: np.ndarray, n: int, num: int = 16, seed: int = 0) -> np.ndarray:

@@ -156,6 +156,17 @@ def test_budget_search_skips_parameters_the_config_refuses():
     assert att.position_cell == 8 and abs(lm_budget.label_keys(att, 256) - 24) <= 0.1 * 24
 
 
+def test_label_budget_search_takes_the_wide_window_side_of_the_minimum():
+    """Label keys fall with the radius while the landmarks (every `radius`) thin out, then grow with the window. At
+    n = 1024 even radius 512 is over 24 keys with position labels, so a bisection from above ran down to radius 1
+    (239 keys, refused); the search measures every radius and keeps the side at or past the fewest keys."""
+    keys = {r: lm_budget.label_keys(lm_budget.VARIANTS["labels"].build(r, 256, 24), 256) for r in (2, 11, 53)}
+    assert keys[2] > 24 > keys[11] and abs(keys[53] - 24) <= 2.4  # two crossings at n = 256
+    assert lm_budget.attention_for_budget("labels", n=256, keys_per_query_target=24).radius == 53
+    att = lm_budget.attention_for_budget("labels_pos", n=1024, keys_per_query_target=24)
+    assert att.radius == 23 and abs(lm_budget.label_keys(att, 1024) - 24) <= 0.1 * 24
+
+
 def test_plot_lm_curves_and_flops(tmp_path):
     from experiments import plot_lm  # noqa: PLC0415
 
