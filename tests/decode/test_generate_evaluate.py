@@ -2,11 +2,14 @@
 
 import dataclasses
 import fcntl
-import gc
 import io
 import json
 import os
+import pathlib
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -70,10 +73,6 @@ def test_generate_is_deterministic_and_streams(run):
     assert 0 < a["cache_bytes"] < 2 * 16 * 2 * 32 * 4
 
 
-# The mismatched-array restore fails orbax's read on purpose; orbax leaves its other pending reads to the garbage
-# collector, which reports them as unraisable exceptions (as in tests/train/test_corrupt_checkpoint.py): ignored in
-# this test only and collected before it ends, so they cannot surface in the next test on the same worker.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_missing_and_mismatched_checkpoints(run, tmp_path):
     workdir, _, _ = run
     with pytest.raises(evaluate.CheckpointError, match="no run directory"):
@@ -93,14 +92,25 @@ def test_missing_and_mismatched_checkpoints(run, tmp_path):
     stored["model"]["model_dim"] = 48
     with open(os.path.join(config_dir, name), "w") as f:
         json.dump(stored, f)
-    with pytest.raises(evaluate.CheckpointError, match="step 4 .* does not fit the model"):
-        evaluate.restore(bad)
+    assert re.search("step 4 .* does not fit the model", _restore_error(bad))
     stored["model"]["attention"][0]["window_size"] = 3
     with open(os.path.join(config_dir, name), "w") as f:
         json.dump(stored, f)
     with pytest.raises(evaluate.CheckpointError, match=r"fields \['window_size'\]"):
         evaluate.restore(bad)
-    gc.collect()
+
+
+def _restore_error(workdir) -> str:
+    """`evaluate.restore(workdir)`'s CheckpointError message, from a subprocess. A restore of arrays that do not fit
+    fails orbax's read on purpose and leaves its other reads running; their callbacks into the closed event loop
+    come back as unraisable exceptions at any later moment, failing whichever test runs then (seen once in five
+    runs of this file with test_from_json_round_trips_every_lm_attention), so this restore gets its own process."""
+    code = ("import sys\nfrom experiments import evaluate\ntry:\n    evaluate.restore(sys.argv[1])\n"
+            "except evaluate.CheckpointError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code, workdir], capture_output=True, text=True, timeout=300,
+                          cwd=pathlib.Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def test_from_json_round_trips_every_lm_attention():
