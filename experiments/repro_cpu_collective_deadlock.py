@@ -16,6 +16,24 @@ import tempfile
 import time
 
 
+def tiny_lm_config(root: pathlib.Path, **train):
+    """The decode tests' LM (tests/decode/test_generate_evaluate.py): 1 local + 1 label layer x 32 wide, byte windows
+    of 16 from 30 small files it writes under `root/text`. `train` overrides TrainConfig fields."""
+    from experiments import lm
+    from sparse_attn.models import TransformerConfig
+    from sparse_attn.train import TrainConfig
+
+    (root / "text").mkdir(parents=True)
+    for i in range(30):
+        (root / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
+    attention = (lm.attention_by_name("local", 16), lm.attention_by_name("labels", 16))
+    return lm.LMConfig(
+        model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
+        data=lm.TextSource(path=str(root / "text")),
+        train=TrainConfig(global_batch=8, seq_len=16, warmup_steps=1, eval_batches=2, progress=False, **train),
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
@@ -28,21 +46,10 @@ def main(argv=None):
 
     jax.config.update("jax_num_cpu_devices", args.devices)
     from experiments import lm
-    from sparse_attn.models import TransformerConfig
-    from sparse_attn.train import TrainConfig
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="collective_deadlock_"))
-    (root / "text").mkdir()
-    for i in range(30):
-        (root / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
-    attention = (lm.attention_by_name("local", 16), lm.attention_by_name("labels", 16))
-    config = lm.LMConfig(
-        model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
-        data=lm.TextSource(path=str(root / "text")),
-        train=TrainConfig(global_batch=8, seq_len=16, num_steps=args.steps, warmup_steps=1,
-                          checkpoint_every=max(args.steps // 2, 1), eval_every=args.steps, eval_batches=2,
-                          progress=False, sync_every=args.sync_every),
-    )
+    config = tiny_lm_config(root, num_steps=args.steps, checkpoint_every=max(args.steps // 2, 1),
+                            eval_every=args.steps, sync_every=args.sync_every)
     print(f"PJRT_NPROC={os.environ.get('PJRT_NPROC', 'unset')} devices={args.devices} steps={args.steps}", flush=True)
     start = time.time()
     lm.train_and_evaluate(config, str(root / "run"), log=lambda m: None)

@@ -40,14 +40,15 @@ CPU_THREADS_PER_DEVICE = 4
 
 def _warn_if_cpu_pool_small(devices) -> None:
     """XLA:CPU runs every device of a launch, and the collectives inside it, on one thread pool of PJRT_NPROC
-    (default: one per core) threads. A collective blocks its thread until all devices arrive; when the devices
+    threads. A collective blocks its thread until all devices arrive; when the devices
     reach two independent collectives in different orders and the blocked threads fill the pool, the run
     deadlocks and XLA aborts the process after 40 s ("Termination timeout for all reduce"). Seen with 8 devices
     on 2 cores within 2000 train steps in every try; 3, 4 and 8 threads per device ran them clean
     (docs/training.md). PJRT_NPROC is read once, when the backend starts: here we can only warn."""
     if len(devices) < 2 or devices[0].platform != "cpu":
         return
-    threads = int(os.environ.get("PJRT_NPROC") or os.environ.get("NPROC") or os.cpu_count() or 1)
+    # Unset, the pool has about one thread per core but no fewer than one per device (8 blocked on 2 cores).
+    threads = int(os.environ.get("PJRT_NPROC") or os.environ.get("NPROC") or max(os.cpu_count() or 1, len(devices)))
     if threads < CPU_THREADS_PER_DEVICE * len(devices):
         warnings.warn(
             f"{len(devices)} CPU devices share a pool of {threads} XLA threads, which can deadlock in collectives; "

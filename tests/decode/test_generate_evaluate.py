@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from experiments import evaluate, generate, lm
+from experiments import evaluate, generate, lm, repro_cpu_collective_deadlock
 from sparse_attn.models import TransformerConfig
 from sparse_attn.train import TrainConfig
 
@@ -36,16 +36,7 @@ def run(tmp_path_factory, worker_id):
 
 def _train(root):
     shutil.rmtree(root, ignore_errors=True)  # a run cut short by an earlier session
-    (root / "text").mkdir(parents=True)
-    for i in range(30):
-        (root / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
-    attention = (lm.attention_by_name("local", 16), lm.attention_by_name("labels", 16))
-    config = lm.LMConfig(
-        model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
-        data=lm.TextSource(path=str(root / "text")),
-        train=TrainConfig(global_batch=8, seq_len=16, num_steps=4, warmup_steps=1, checkpoint_every=2,
-                          eval_every=4, eval_batches=2, progress=False),
-    )
+    config = repro_cpu_collective_deadlock.tiny_lm_config(root, num_steps=4, checkpoint_every=2, eval_every=4)
     summary = lm.train_and_evaluate(config, str(root / "run"), log=lambda m: None)
     (root / "eval.json").write_text(json.dumps({k: float(v) for k, v in summary["eval"].items()}))
 
