@@ -9,6 +9,10 @@ skips the save: a second SIGINT raises KeyboardInterrupt where the program is (t
 `finally` still closes the checkpoint manager, finishing an earlier save already in flight),
 a second SIGTERM kills the process (the default action). The last completed checkpoint stays
 restorable either way (orbax renames a save into place only once it is complete).
+
+A signal the process ignores stays ignored, as Python itself leaves it: a job started in the
+background by a non-interactive shell (`cmd &`) ignores SIGINT, so a terminal's Ctrl-C is not
+meant for it.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class DeferredInterrupt:
         if threading.current_thread() is not threading.main_thread():  # signals only work there
             return
         for s in self.signals:
-            self._previous[s] = signal.signal(s, self._handle)
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._handle)
 
     def _handle(self, signum, frame) -> None:
         self.requested = signum

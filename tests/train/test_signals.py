@@ -8,6 +8,7 @@ import time
 import train_harness as tiny
 
 from sparse_attn.train import read_metrics
+from sparse_attn.train.interrupt import DeferredInterrupt
 
 
 def _start(workdir, *flags) -> subprocess.Popen:
@@ -72,3 +73,16 @@ def test_second_sigterm_after_sigint_kills_without_saving(tmp_path):
     returncode, err = _second_signal_during_the_save(str(tmp_path), signal.SIGINT, signal.SIGTERM)
     assert returncode == -signal.SIGTERM, err[-3000:]  # the default action: killed at once
     assert _saved_steps(str(tmp_path)) == []
+
+
+def test_ignored_sigint_stays_ignored():
+    previous, interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN), DeferredInterrupt()
+    try:
+        interrupt.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == interrupt._handle  # still deferred
+        interrupt.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        interrupt.restore()

@@ -163,6 +163,9 @@ def script_env(**extra) -> dict:
 
 if __name__ == "__main__":
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests dump stacks of a stuck run
+    # Ctrl-C as from a terminal: a suite started in the background (`pytest &`) passes SIGINT on ignored, and the
+    # training loop leaves an ignored signal alone (test_signals.py::test_ignored_sigint_stays_ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir")
     parser.add_argument("num_steps", type=int)
