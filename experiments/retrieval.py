@@ -239,8 +239,9 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
         ax.errorbar(np.arange(len(labels)), mean_B,
                     yerr=[mean_B - np.nanmin(acc_SxB, axis=0), np.nanmax(acc_SxB, axis=0) - mean_B], marker="o",
                     capsize=3, label=f"{variant} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
-    if rows and rows[0]["task"] == "recall":
-        ax.axhline(1 / rows[0]["task_config"]["num_values"], color="grey", ls=":", lw=1, label="chance")
+    chance = {"recall": lambda c: 1 / c["num_values"], "passkey": lambda c: 0.1}  # passkey: one digit of 10
+    if rows and rows[0]["task"] in chance:
+        ax.axhline(chance[rows[0]["task"]](rows[0]["task_config"]), color="grey", ls=":", lw=1, label="chance")
     ax.set_xticks(np.arange(len(labels)), labels)
     ax.set(xlabel="key-query distance (tokens)", ylabel="answer accuracy", ylim=(0, 1.02), title=title)
     ax.legend(fontsize=7)
