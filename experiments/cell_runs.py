@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,8 +25,11 @@ def run_module(module: str, argv: list[str], timeout_s: float) -> int:
 
 
 def git_commit() -> str:
-    """`git rev-parse --short HEAD` of the working directory, "+dirty" when experiments/ or sparse_attn/ differ
-    from it; "unknown" outside a repository (e.g. a `git archive` snapshot: grids take `--commit`)."""
+    """$SPARSE_ATTN_COMMIT if set (a device's copy of the tree has no git), else `git rev-parse --short HEAD` of
+    the working directory, "+dirty" when experiments/ or sparse_attn/ differ from it; "unknown" outside a
+    repository (e.g. a `git archive` snapshot: grids take `--commit`)."""
+    if os.environ.get("SPARSE_ATTN_COMMIT"):
+        return os.environ["SPARSE_ATTN_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "experiments", "sparse_attn"],

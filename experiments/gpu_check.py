@@ -42,7 +42,6 @@ import datetime
 import json
 import math
 import os
-import subprocess
 import threading
 import time
 import traceback
@@ -53,6 +52,7 @@ import numpy as np
 
 import sparse_attn.kernels as kernels
 from experiments import benchlib
+from experiments.cell_runs import git_commit
 from sparse_attn.attention import available_implementations, default_implementation
 from sparse_attn.patterns import baselines
 from sparse_attn.patterns.intervals import Intervals
@@ -461,18 +461,6 @@ def check_row(p: Plan, name: str, d: int, dtype, limit_s: float) -> dict:
 # -- the run ----------------------------------------------------------------------------------------------------
 
 
-def _commit() -> str:
-    env = os.environ.get("SPARSE_ATTN_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))  # fmt: skip
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 class Recorder:
     """Appends each row to the JSONL (flushed and fsynced: a killed run keeps what it had) and rewrites the
     markdown table from this run's rows."""
@@ -644,7 +632,7 @@ def main(argv=None) -> list[dict]:
     if args.dry_run and os.path.abspath(args.out) == os.path.abspath(RESULTS):
         raise SystemExit("--dry-run rows are not results: pass --out to a scratch directory")
     dev = jax.devices()[0]
-    common = dict(commit=_commit(), device=dev.device_kind, jax=jax.__version__,
+    common = dict(commit=git_commit(), device=dev.device_kind, jax=jax.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
     rec = Recorder(args.out, common, p)
     log(f"device {dev.device_kind} ({jax.default_backend()}), commit {common['commit']}, budget {p.budget_s:.0f} s")

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 import sparse_attn.kernels as kernels
 from experiments import gpu_check
+from experiments.cell_runs import git_commit
 from sparse_attn.kernels import smem
 from sparse_attn.patterns import baselines
 
@@ -133,7 +134,7 @@ def main(argv=None) -> list[dict]:
     p = dataclasses.replace(gpu_check.plan(args.dry_run, args.budget_s), compile_limit_s=args.compile_limit_s)
     head_dims = (32,) if args.dry_run else (64, 128)
     dev = jax.devices()[0]
-    common = dict(commit=gpu_check._commit(), device=dev.device_kind, jax=jax.__version__,
+    common = dict(commit=git_commit(), device=dev.device_kind, jax=jax.__version__,
                   date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     rec = gpu_check.Recorder(args.out, common, p, name="gpu_tune", render=markdown)
     log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731

@@ -59,7 +59,8 @@ python -m experiments.classify --task dyck --n 128 --attention noncrossing_defec
     --results experiments/results/dyck.jsonl
 # the CPU grid, one cell at a time in its priority order (rerun to resume, finished cells are skipped)
 nice -n 10 python -m experiments.classify_grid --grid cpu --config cpu --time_limit 1200 --deadline 07:55
-# seed scale on one GPU: as many `seed` cells as fit the budget, results and this report under $OUT
+# seed scale on one GPU: as many `seed` cells as fit the budget, results and this report under $OUT (on a lent
+# device it runs as a stage of `python -m experiments.gpu_session`: docs/kernels.md, "One device call")
 python -m experiments.gpu_classify --budget 570 --out "$OUT"
 python -m experiments.report_results   # this section (add --results_dir "$OUT" for the GPU rows alone)
 ```
