@@ -89,8 +89,9 @@ def partial_row(cell: lm_grid.Cell, config: str, workdir: str, status: str, comm
 
 
 def run_plan(plan, *, tiny: bool, steps: int, total_s: float, cell_s: float, results: str, runs_dir: str,
-             run_cmd=lm_grid.run_subprocess, clock=time.monotonic, log=print) -> dict:
-    """Run the cells without a full row in order, each limited to min(cell_s, time left); returns their status."""
+             min_cell_s: float = 30.0, run_cmd=lm_grid.run_subprocess, clock=time.monotonic, log=print) -> dict:
+    """Run the cells without a full row in order, each limited to min(cell_s, time left); no cell starts with
+    less than `min_cell_s` left (it could not compile, train and save in less). Returns their status."""
     config = _config_name(tiny)
     t_end = clock() + total_s
     status = {}
@@ -100,7 +101,7 @@ def run_plan(plan, *, tiny: bool, steps: int, total_s: float, cell_s: float, res
             status[cell] = "done before"
             continue
         left = t_end - clock()
-        if left < 30:
+        if left < min_cell_s:
             status[cell] = "not run (out of time: run again to continue)"
             continue
         workdir = lm_grid.cell_workdir(runs_dir, config, cell)
@@ -126,6 +127,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, help="training steps per cell (default 150; --tiny 4)")
     parser.add_argument("--total_s", type=float, help="wall-clock limit of the whole plan (default 540 s; --tiny 1800)")
     parser.add_argument("--cell_s", type=float, help="wall-clock limit per cell (default 150 s; --tiny 900)")
+    parser.add_argument("--min_cell_s", type=float, default=30.0, help="start no cell with less time left")
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--runs_dir", default=os.path.join("runs", "gpu_lm"))
     parser.add_argument("--cell", nargs=4, metavar=("N", "VARIANT", "BUDGET", "SEED"), help="run one cell (internal)")
@@ -149,7 +151,7 @@ def main(argv=None) -> dict:
     total_s = args.total_s or (1800.0 if args.tiny else 540.0)
     cell_s = args.cell_s or (900.0 if args.tiny else 150.0)
     status = run_plan(plan, tiny=args.tiny, steps=steps, total_s=total_s, cell_s=cell_s,
-                      results=args.results, runs_dir=args.runs_dir)
+                      results=args.results, runs_dir=args.runs_dir, min_cell_s=args.min_cell_s)
     for cell, s in status.items():
         print(f"{s:45s} {cell}")
     return {"status": status}

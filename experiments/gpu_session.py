@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -74,28 +75,36 @@ class Stage:
 _NO_PREALLOC = (("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),)
 
 STAGES = (
-    Stage("check", "experiments.gpu_check", 150, 35,
-          lambda d, s: ["--budget-s", f"{s:.0f}", "--check-reserve-s", "35", "--out", d],
+    Stage("check", "experiments.gpu_check", 160, 35,
+          lambda d, s: ["--budget-s", f"{s:.0f}", "--check-reserve-s", "50", "--out", d],
           merge=("gpu_check.jsonl",), rehearse=("--dry-run",)),
-    Stage("lm", "experiments.gpu_lm", 190, 15,
-          lambda d, s: ["--total_s", f"{s:.0f}", "--cell_s", "100", "--results", os.path.join(d, "lm_gpu.jsonl"),
+    # One cell may use the stage's whole time, and none starts with less than 90 s (compile, 150 steps, the
+    # evaluation and a checkpoint of an 85M model); cut cells cannot resume in a later session (runs in /tmp).
+    Stage("lm", "experiments.gpu_lm", 190, 30,
+          lambda d, s: ["--total_s", f"{s:.0f}", "--cell_s", f"{s:.0f}", "--min_cell_s", "90",
+                        "--results", os.path.join(d, "lm_gpu.jsonl"),
                         "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_lm")],
           merge=("lm_gpu.jsonl",), seeded=True, env=_NO_PREALLOC, rehearse=("--tiny",)),
-    Stage("classify", "experiments.gpu_classify", 170, 10,
+    Stage("classify", "experiments.gpu_classify", 175, 25,
           lambda d, s: ["--budget", f"{s:.0f}", "--num_steps", "300", "--out", d,
                         "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_classify")],
           merge=tuple(f"{t}.jsonl" for t in TASKS), seeded=True, env=_NO_PREALLOC,
           rehearse=("--config", "smoke", "--num_steps", "2", "--seeds", "0")),
-    Stage("tune", "experiments.gpu_tune", 30, 25,
+    # No share of its own: the tile sweep runs on what the stages before it left unused.
+    Stage("tune", "experiments.gpu_tune", 0, 25,
           lambda d, s: ["--budget-s", f"{s:.0f}", "--out", d], merge=("gpu_tune.jsonl",), rehearse=("--dry-run",)),
 )
 
+# What the stages import; a missing one is named in the log and the summary before anything runs.
+NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "tqdm", "matplotlib")
+
 
 def allot(stages, budget_s: float) -> dict[str, float]:
-    """Each stage's share of `budget_s - PACK_S`, proportional to its `seconds`."""
-    total = sum(s.seconds for s in stages)
+    """Each stage's share of `budget_s - PACK_S`, proportional to its `seconds` (equal shares when every stage
+    run has none, e.g. `--stages tune`)."""
+    weights = [s.seconds for s in stages] if any(s.seconds for s in stages) else [1.0] * len(stages)
     usable = max(budget_s - PACK_S, 0.0)
-    return {s.name: usable * s.seconds / total for s in stages}
+    return {s.name: usable * w / sum(weights) for s, w in zip(stages, weights, strict=True)}
 
 
 def seed_rows(stage: Stage, stage_dir: str, results_dir: str) -> int:
@@ -146,9 +155,14 @@ def run_stage(argv: list[str], limit_s: float, log_file, env: dict) -> tuple[int
     return rc, time.monotonic() - t0
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL the group and wait until it is gone, so the next stage finds the GPU's memory free."""
+    deadline = time.monotonic() + wait_s
     try:
         os.killpg(pgid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -167,12 +181,25 @@ def pack(work_dir: str, out: str, records: list[dict], meta: dict) -> None:
 
 def summary(records: list[dict], meta: dict) -> str:
     lines = [f"# GPU session {meta['date']} (commit {meta['commit']}, {meta['device']}, jax {meta['jax']})", "",
-             f"`{meta['command']}`: budget {meta['budget_s']:.0f} s, took {meta.get('took_s', 0):.0f} s.", "",
+             f"`{meta['command']}`: budget {meta['budget_s']:.0f} s, took {meta.get('took_s', 0):.0f} s; "
+             f"missing modules: {', '.join(meta.get('missing_modules') or ['none'])}.", "",
              "| stage | allotted s | took s | exit | command |", "|---|---|---|---|---|"]
     for r in records:
         exit_ = r.get("status", r["rc"])
         lines.append(f"| {r['stage']} | {r['allotted_s']:.0f} | {r['took_s']:.0f} | {exit_} | `{r['command']}` |")
     return "\n".join(lines) + "\n"
+
+
+def missing_modules(names=NEEDED) -> list[str]:
+    out = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a missing parent package
+            found = False
+        if not found:
+            out.append(name)
+    return out
 
 
 def _device() -> tuple[str, str]:
@@ -199,8 +226,12 @@ def run_session(stages, *, budget_s: float, out: str, results_dir: str = RESULTS
     t_start = time.monotonic()
     kind, jax_version = device()
     meta = dict(commit=commit, device=kind, jax=jax_version, budget_s=budget_s, command=command, rehearsal=rehearse,
-                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                missing_modules=missing_modules(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    if meta["missing_modules"]:
+        log(f"missing modules (the stages that import them will fail): {meta['missing_modules']}")
     env = dict(os.environ, SPARSE_ATTN_COMMIT=commit, PYTHONUNBUFFERED="1")
+    if not rehearse:  # a stage whose CUDA fails to load must fail, not train on the host's CPU as "seed" rows
+        env["JAX_PLATFORMS"] = "cuda"
     shares, carry, records = allot(stages, budget_s), 0.0, []
     with open(os.path.join(out, "gpu_session.log"), "a") as log_file:
         for stage in stages:
@@ -294,8 +325,9 @@ def main(argv=None):
     if args.plan:
         for stage, seconds in allot(stages, args.budget).items():
             st = by_name[stage]
+            own = seconds - st.margin_s
             print(f"{stage:9s} {seconds:5.0f} s (+ unused before it)  python -m {st.module} "
-                  + " ".join(st.argv("<dir>", seconds - st.margin_s)))
+                  + " ".join(st.argv("<dir>", own)) + ("  [runs only on time left unused]" if own < 10 else ""))
         return None
     if not args.out:
         parser.error("--out is required (or $OUT)")

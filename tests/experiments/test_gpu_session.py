@@ -156,3 +156,22 @@ def test_rows_name_the_commit_passed_in(monkeypatch):
 
     monkeypatch.setenv("SPARSE_ATTN_COMMIT", "feed123")
     assert git_commit() == "feed123"
+
+
+def test_rehearsed_lm_stage_writes_the_rows_the_session_merges(tmp_path):
+    """The real LM stage in its CPU mode, through the session: its rows land in the file `merge` names."""
+    lm = next(s for s in gpu_session.STAGES if s.name == "lm")
+    out, records = _session_rehearsal(tmp_path, [lm], budget_s=200)
+    assert records[0]["status"] == "ok"
+    with tarfile.open(out / "gpu_session.tar.gz") as tar:
+        rows = [json.loads(line) for name in lm.merge
+                for line in tar.extractfile(f"gpu_session/lm/{name}").read().decode().splitlines()]
+    assert [(r["kind"], r["config"], r["variant"], r["commit"]) for r in rows] == [
+        ("lm", "gpu_tiny", "dense", "rehearsal"), ("lm", "gpu_tiny", "local", "rehearsal")]
+
+
+def _session_rehearsal(tmp_path, stages, budget_s):
+    out = tmp_path / "out"
+    records = gpu_session.run_session(stages, budget_s=budget_s, out=str(out), results_dir=str(tmp_path),
+                                      commit="rehearsal", rehearse=True, log=lambda s: None)
+    return out, records

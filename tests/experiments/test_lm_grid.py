@@ -143,6 +143,13 @@ def test_gpu_plan_limits_cells_by_time_left_and_records_cut_cells(tmp_path):
     partial = json.loads(results.read_text().splitlines()[-1])
     assert partial["kind"] == "lm_partial" and partial["steps_reached"] == 2
     assert partial["train_bits_per_byte_last10"] == pytest.approx(7.0) and partial["variant"] == "local"
+    # a cell needs `min_cell_s` to start: with 120 s left after the first cell, a 130 s minimum starts nothing more
+    now[0], limits[:] = 0.0, []
+    status = gpu_lm.run_plan(plan, tiny=True, steps=4, total_s=220.0, cell_s=150.0, results=str(tmp_path / "b.jsonl"),
+                             runs_dir=str(tmp_path), min_cell_s=130.0, run_cmd=fake_run, clock=lambda: now[0],
+                             log=lambda *_: None)
+    assert limits == [150.0]
+    assert [status[c] for c in plan] == ["finished"] + ["not run (out of time: run again to continue)"] * 3
     assert gpu_lm.seed_scale(4096, 150).batch == 8 and gpu_lm.seed_scale(16384, 150).batch == 2
     assert [c.n for c in gpu_lm.PLAN][:1] == [4096] and max(c.n for c in gpu_lm.PLAN) == 16384
     tiny = gpu_lm.describe(gpu_lm.TINY_PLAN[1], text_with_lines(1, 4 * N).ravel().astype(np.uint8))
