@@ -270,6 +270,12 @@ def _pts(v):
     return "–" if v is None else f"{v + 0.0:+.1f}".replace("-0.0", "+0.0")  # no negative zero
 
 
+def cell_label(e: dict, entries: list[dict], sep: str = " ") -> str:
+    """`task<sep>n`, with the step count where the same task and n ran at more than one."""
+    steps = {x["steps"] for x in entries if (x["task"], x["config"], x["n"]) == (e["task"], e["config"], e["n"])}
+    return f"{e['task']}{sep}{e['n']}" + (f" ({e['steps']} steps)" if len(steps) > 1 else "")
+
+
 def separation(entries: list[dict]) -> list[str]:
     """Does dense beat local (and chance) on each (task, n)? Without that the task cannot rank mechanisms."""
     out = []
@@ -286,12 +292,13 @@ def separation(entries: list[dict]) -> list[str]:
             f"; dense is {_pts(100 * (d['acc'] - chance))} points from the majority class ({chance:.3f})")
         if d["loss"] is not None and e["loss"] is not None:  # loss moves before accuracy does at short budgets
             above += f"; validation loss dense {d['loss']:.3f} vs local {e['loss']:.3f}"
+        cell = cell_label(e, entries, sep=" n=")
         if e["delta_std"] is None:  # one seed somewhere: no spread to compare the gap with
-            out.append(f"* {task} n={n} ({config}): one seed only, dense − local = {_pts(gap)} points (no spread "
+            out.append(f"* {cell} ({config}): one seed only, dense − local = {_pts(gap)} points (no spread "
                        f"to judge it by){above}.")
             continue
         verdict = "separates" if gap > max(1.0, 2 * e["delta_std"]) else "does **not** separate"
-        out.append(f"* {task} n={n} ({config}): dense {verdict} from local "
+        out.append(f"* {cell} ({config}): dense {verdict} from local "
                    f"(dense − local = {_pts(gap)} ± {e['delta_std']:.1f} points, 2 σ needed){above}.")
     return out
 
@@ -326,7 +333,7 @@ def informative(entries: list[dict], config: str) -> str:
     above = [d for d in dense if d["chance"] is not None and d["acc"] > d["chance"] + AT_CHANCE_PTS / 100]
     ahead = [d for d in above if (loc := local.get((d["task"], d["n"], d["steps"]))) is not None
              and loc["delta_std"] is not None and -loc["delta"] > max(1.0, 2 * loc["delta_std"])]
-    name = lambda es: ", ".join(f"{e['task']} {e['n']}" for e in es) or "none"  # noqa: E731
+    name = lambda es: ", ".join(cell_label(e, entries) for e in es) or "none"  # noqa: E731
     return (f"Dense is above chance (more than {AT_CHANCE_PTS:g} points over the majority class) on "
             f"{len(above)} of {len(dense)} task/length cells ({name(above)}) and ahead of local by 2 σ on "
             f"{len(ahead)} ({name(ahead)}). Where it is neither, \"within 1 point of dense\" and \"fails\" "
@@ -351,8 +358,8 @@ def verdicts(entries: list[dict]) -> str:
         lines.append("|---|---|---|---|---|---|---|")
         for m in mechanisms:
             h, im = claim_hierarchical(entries, m, config), claim_images(entries, m, config)
-            hd = ", ".join(f"{e['task']} {e['n']}: {_pts(e['delta'])}" for e in h["cells"]) or "–"
-            idl = ", ".join(f"{e['task']} {e['n']}: {_pts(e['delta'])}" for e in im["cells"]) or "–"
+            hd = ", ".join(f"{cell_label(e, entries)}: {_pts(e['delta'])}" for e in h["cells"]) or "–"
+            idl = ", ".join(f"{cell_label(e, entries)}: {_pts(e['delta'])}" for e in im["cells"]) or "–"
             name = f"**{m}** (seed 002's)" if m == SEED_MECHANISM else m
             only = f" (no {', '.join(h['missing'])} cells)" if h.get("missing") else ""
             lines.append(f"| {name} | {_yes(h['answer'])}{only} | {_yes(h.get('within'))}: {hd} | {_yes(h.get('pairs'))} "
@@ -391,7 +398,7 @@ def losses(entries: list[dict]) -> str:
             what.append(f"{e['ms'] / d['ms']:.1f}× dense's time per step (load {_fmt(e['load'], '.0f')} vs "
                         f"{_fmt(d['load'], '.0f')})")
         if what:
-            out.append(f"* {e['attention']} on {e['task']} n={e['n']} ({e['config']}): {'; '.join(what)}.")
+            out.append(f"* {e['attention']} on {cell_label(e, entries, sep=' n=')} ({e['config']}): {'; '.join(what)}.")
     return "\n".join(out) if out else "No mechanism loses to dense by these measures."
 
 

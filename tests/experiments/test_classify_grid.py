@@ -197,6 +197,21 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     assert again.count(report_results.BEGIN) == 1 and "LM section kept" in again and "Shared CPU." not in again
 
 
+def test_report_names_the_steps_where_a_cell_ran_at_two_step_counts(tmp_path):
+    """A longer run of the same task and n is its own cell; its verdicts say which one they mean."""
+    results = tmp_path / "results"
+    results.mkdir()
+    rows = [_row("listops", 128, att, seed, acc) for att, acc in (("dense", 0.40), ("local", 0.30)) for seed in (0, 1)]
+    rows += [dict(_row("listops", 128, att, 0, acc), steps=400) for att, acc in (("dense", 0.45), ("local", 0.46))]
+    (results / "listops.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "results.md"
+    report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"))
+    text = out.read_text()
+    assert "| **no** (no dyck cells) | **no**: listops 128 (200 steps): -10.0, listops 128 (400 steps): +1.0 |" in text
+    assert "* listops n=128 (200 steps) (cpu): dense separates from local" in text
+    assert "* listops n=128 (400 steps) (cpu): one seed only, dense − local = -1.0 points" in text
+
+
 def test_report_with_no_rows_and_no_file(tmp_path):
     out = tmp_path / "results.md"
     assert report_results.render(str(tmp_path), str(out), plots_dir=str(tmp_path)) == []
