@@ -1,5 +1,5 @@
-"""Everything GPU-specific in one device call: kernel timings and correctness, the seed-scale LM and classification
-cells, the tile sweep, one after another under one wall-clock budget, packed for the trip back.
+"""Everything GPU-specific in one device call: kernel timings and correctness, passkey at 1k-16k, the seed-scale LM
+and classification cells, the tile sweep, one after another under one wall-clock budget, packed for the trip back.
 
 On a lent machine (one `run` call with timeout_s 600; nothing to install there):
     SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m experiments.gpu_session --budget 540 --out "$OUT"
@@ -75,17 +75,24 @@ class Stage:
 _NO_PREALLOC = (("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),)
 
 STAGES = (
-    Stage("check", "experiments.gpu_check", 160, 35,
-          lambda d, s: ["--budget-s", f"{s:.0f}", "--check-reserve-s", "50", "--out", d],
+    Stage("check", "experiments.gpu_check", 120, 35,
+          lambda d, s: ["--budget-s", f"{s:.0f}", "--check-reserve-s", "45", "--out", d],
           merge=("gpu_check.jsonl",), rehearse=("--dry-run",)),
+    # Passkey at 1k-16k (the CPU ran 256 and 512): the 2 x 128 model, 2000 steps a cell (retrieval.GRIDS["gpu"]).
+    Stage("retrieval", "experiments.retrieval", 150, 20,
+          lambda d, s: ["--grid", "gpu", "--config", "gpu", "--total_s", f"{s:.0f}", "--time_limit", f"{s:.0f}",
+                        "--min_cell_s", "45", "--results", os.path.join(d, "retrieval.jsonl"),
+                        "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_retrieval")],
+          merge=("retrieval.jsonl",), seeded=True, env=_NO_PREALLOC,
+          rehearse=("--grid", "smoke", "--config", "smoke")),
     # One cell may use the stage's whole time, and none starts with less than 90 s (compile, 150 steps, the
     # evaluation and a checkpoint of an 85M model); cut cells cannot resume in a later session (runs in /tmp).
-    Stage("lm", "experiments.gpu_lm", 190, 30,
+    Stage("lm", "experiments.gpu_lm", 130, 30,
           lambda d, s: ["--total_s", f"{s:.0f}", "--cell_s", f"{s:.0f}", "--min_cell_s", "90",
                         "--results", os.path.join(d, "lm_gpu.jsonl"),
                         "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_lm")],
           merge=("lm_gpu.jsonl",), seeded=True, env=_NO_PREALLOC, rehearse=("--tiny",)),
-    Stage("classify", "experiments.gpu_classify", 175, 25,
+    Stage("classify", "experiments.gpu_classify", 125, 25,
           lambda d, s: ["--budget", f"{s:.0f}", "--num_steps", "300", "--out", d,
                         "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_classify")],
           merge=tuple(f"{t}.jsonl" for t in TASKS), seeded=True, env=_NO_PREALLOC,
@@ -94,6 +101,9 @@ STAGES = (
     Stage("tune", "experiments.gpu_tune", 0, 25,
           lambda d, s: ["--budget-s", f"{s:.0f}", "--out", d], merge=("gpu_tune.jsonl",), rehearse=("--dry-run",)),
 )
+
+# The configs of the rows the GPU stages write (classify: seed; LM: gpu_seed; retrieval: gpu).
+GPU_CONFIGS = ("seed", "gpu_seed", "gpu")
 
 # What the stages import; a missing one is named in the log and the summary before anything runs.
 NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "tqdm", "matplotlib")
@@ -128,7 +138,7 @@ def _is_gpu_row(line: str) -> bool:
         row = json.loads(line)
     except json.JSONDecodeError:
         return False
-    return isinstance(row, dict) and row.get("config") in ("seed", "gpu_seed")
+    return isinstance(row, dict) and row.get("config") in GPU_CONFIGS
 
 
 def run_stage(argv: list[str], limit_s: float, log_file, env: dict) -> tuple[int, float]:

@@ -3,6 +3,7 @@ retrieval (`sparse_attn.data.tasks.retrieval`), accuracy broken down by key-quer
 
     python -m experiments.retrieval --task recall --n 256 --variant labels --budget 24 --config cpu
     nice -n 10 python -m experiments.retrieval --grid cpu_core --time_limit 1800    # rerun to resume
+    python -m experiments.retrieval --grid gpu --config gpu --total_s 300 --time_limit 300   # passkey 1k-16k, one GPU
     python -m experiments.retrieval --plot docs/img/retrieval.png --task recall --n 256 --budget 24 --config cpu
 
 The loss is the cross-entropy at the answer positions only (`loss_mask`). Variants and budgets as in
@@ -66,6 +67,10 @@ SETUPS = {
     "cpu_small": Setup(scale=dataclasses.replace(lm_grid.SCALES["cpu"], batch=64, steps=2500, lr=1e-3, warmup=100,
                                                  eval_every=500, checkpoint_every=500),
                        num_pairs=4, num_queries=4, num_keys=16, num_values=16, num_validation=1024),
+    # GPU (one H100/H200-class device): the same 2 x 128 model on passkey at n = 1k-16k, twice the `cpu` steps (dense
+    # needed ~500 steps at n = 256 and had not finished in 1000 at n = 512), one checkpoint at the end. Not yet run.
+    "gpu": Setup(scale=dataclasses.replace(lm_grid.SCALES["cpu"], steps=2000, eval_every=500, checkpoint_every=2000),
+                 num_pairs=16, num_queries=8, num_keys=64, num_values=64, num_validation=256),
 }
 
 
@@ -191,13 +196,20 @@ GRIDS = {
     "cpu_all": [(t, lm_grid.Cell(n, v, 24, s)) for t in ("recall", "passkey") for n in (256, 1024)
                 for v in ("dense", "local", "longformer", "bigbird", "labels", "labels_d16k2", "abca_fixed")
                 for s in (0, 1, 2)],
+    # Passkey beyond the CPU's lengths (--config gpu): 1k at the CPU cells' 24 keys per query, then 4k and 16k at
+    # gpu_lm's 128 (labels cannot be matched to 24 there: its landmarks alone give 43 keys at n = 4096).
+    "gpu": [("passkey", lm_grid.Cell(n, v, 24 if n == 1024 else 128, 0)) for n in (1024, 4096, 16384)
+            for v in ("dense", "local", "labels", "abca_fixed")],
 }
 
 
 def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: float,
-             run_cmd=lm_grid.run_subprocess, log=print) -> dict:
-    """Each (task, cell) without a result row, in a subprocess with a time limit (rerun to resume)."""
+             total_s: float | None = None, min_cell_s: float = 30.0, run_cmd=lm_grid.run_subprocess,
+             clock=time.monotonic, log=print) -> dict:
+    """Each (task, cell) without a result row, in a subprocess with a time limit (rerun to resume). `total_s`:
+    the whole grid's wall clock; a cell gets min(time_limit_s, what is left) and none starts under `min_cell_s`."""
     status = {}
+    t_end = None if total_s is None else clock() + total_s
     for task_name, cell in cells:
         key = (task_name, config, cell.n, cell.variant, cell.budget, cell.seed)
         done = {(r.get("task"), r.get("config"), r.get("n"), r.get("variant"), r.get("budget_keys_per_query"),
@@ -205,12 +217,16 @@ def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: f
         if key in done:
             status[key] = "done before"
             continue
+        limit = time_limit_s if t_end is None else min(time_limit_s, t_end - clock())
+        if t_end is not None and limit < min_cell_s:
+            status[key] = "not run (out of time: run again to continue)"
+            continue
         workdir = os.path.join(runs_dir, config, f"{task_name}_n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
         argv = ["--task", task_name, "--config", config, "--n", str(cell.n), "--variant", cell.variant,
                 "--budget", f"{cell.budget:g}", "--seed", str(cell.seed), "--results", results, "--workdir", workdir]
         log(f"== {key}")
         t0 = time.perf_counter()
-        rc = run_cmd(argv, time_limit_s, module="experiments.retrieval")
+        rc = run_cmd(argv, limit, module="experiments.retrieval")
         status[key] = {0: "finished", 124: "timed out (rerun to resume)"}.get(rc, f"failed (exit {rc})")
         log(f"   {status[key]} in {time.perf_counter() - t0:.0f} s")
     return status
@@ -264,6 +280,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--runs_dir", default=os.path.join("runs", "retrieval"))
     parser.add_argument("--time_limit", type=float, default=3600, help="seconds per run (--grid)")
+    parser.add_argument("--total_s", type=float, help="seconds for the whole --grid (default: no limit)")
+    parser.add_argument("--min_cell_s", type=float, default=30.0, help="start no --grid run with less time left")
     parser.add_argument("--plot", metavar="PNG", help="plot accuracy vs distance of the --results rows of --task, "
                         "--config, --n and --budget (one line per variant) to PNG; trains nothing")
     args = parser.parse_args(argv)
@@ -278,7 +296,7 @@ def main(argv=None) -> dict:
         return {"plot": args.plot}
     if args.grid:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
-                          time_limit_s=args.time_limit)
+                          time_limit_s=args.time_limit, total_s=args.total_s, min_cell_s=args.min_cell_s)
         for key, s in status.items():
             print(f"{s:30s} {key}")
         return {"status": status}

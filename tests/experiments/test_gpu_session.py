@@ -158,16 +158,18 @@ def test_rows_name_the_commit_passed_in(monkeypatch):
     assert git_commit() == "feed123"
 
 
-def test_rehearsed_lm_stage_writes_the_rows_the_session_merges(tmp_path):
-    """The real LM stage in its CPU mode, through the session: its rows land in the file `merge` names."""
-    lm = next(s for s in gpu_session.STAGES if s.name == "lm")
-    out, records = _session_rehearsal(tmp_path, [lm], budget_s=200)
+@pytest.mark.parametrize("name, config", [("lm", "gpu_tiny"), ("retrieval", "smoke")])
+def test_rehearsed_stage_writes_the_rows_the_session_merges(tmp_path, name, config):
+    """The real LM and retrieval stages in their CPU modes, through the session: their rows land in the file
+    `merge` names, with the session's commit."""
+    stage = next(s for s in gpu_session.STAGES if s.name == name)
+    out, records = _session_rehearsal(tmp_path, [stage], budget_s=200)
     assert records[0]["status"] == "ok"
     with tarfile.open(out / "gpu_session.tar.gz") as tar:
-        rows = [json.loads(line) for name in lm.merge
-                for line in tar.extractfile(f"gpu_session/lm/{name}").read().decode().splitlines()]
-    assert [(r["kind"], r["config"], r["variant"], r["commit"]) for r in rows] == [
-        ("lm", "gpu_tiny", "dense", "rehearsal"), ("lm", "gpu_tiny", "local", "rehearsal")]
+        rows = [json.loads(line) for file in stage.merge
+                for line in tar.extractfile(f"gpu_session/{name}/{file}").read().decode().splitlines()]
+    assert [(r["config"], r["variant"], r["commit"]) for r in rows] == [
+        (config, "dense", "rehearsal"), (config, "local", "rehearsal")]
 
 
 def _session_rehearsal(tmp_path, stages, budget_s):

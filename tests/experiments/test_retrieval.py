@@ -71,6 +71,35 @@ def test_refusals_and_grid(tmp_path):
     assert [c[0] for c in calls] == ["experiments.retrieval"] * 2 and set(status.values()) == {"finished"}
 
 
+def test_grid_within_a_total_budget(tmp_path):
+    """`total_s`: each run gets min(its limit, what is left), and none starts with less than `min_cell_s` left."""
+    now, limits = [0.0], []
+
+    def fake_run(argv, limit, module):
+        limits.append(limit)
+        now[0] += 70.0
+        return 0
+
+    status = retrieval.run_grid(retrieval.GRIDS["gpu"][:4], config="gpu", results=str(tmp_path / "r.jsonl"),
+                                runs_dir=str(tmp_path), time_limit_s=100, total_s=200, min_cell_s=50,
+                                run_cmd=fake_run, clock=lambda: now[0], log=lambda *_: None)
+    assert limits == [100, 100, 60]
+    assert list(status.values()) == ["finished"] * 3 + ["not run (out of time: run again to continue)"]
+    assert [c.n for _, c in retrieval.GRIDS["gpu"]][::4] == [1024, 4096, 16384]
+    assert {t for t, _ in retrieval.GRIDS["gpu"]} == {"passkey"}
+
+
+def test_gpu_grid_budgets_can_be_matched():
+    """A cell whose budget no parameter meets would fail on the device; the 4k and 16k cells use 128 keys since
+    labels cannot reach 24 there (checked up to 4k here, 16k by hand: docs/lm.md)."""
+    for _, cell in retrieval.GRIDS["gpu"]:
+        if cell.n <= 4096:
+            att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget)
+            assert att is not None
+    with pytest.raises(ValueError, match="no radius gives 24 keys"):
+        attention_for_budget("labels", n=4096, keys_per_query_target=24)
+
+
 def test_cpu_small_places_keys_inside_and_beyond_the_local_window():
     setup = retrieval.SETUPS["cpu_small"]
     task = retrieval.make_task("recall", 32, dataclasses.replace(setup, num_validation=256))
