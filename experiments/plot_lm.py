@@ -1,9 +1,9 @@
 """Plots of the LM grid's rows (docs/results.md, "Language modelling"): validation bits/byte against training step per
-variant, and final bits/byte against attention forward FLOPs per sequence.
+variant, final bits/byte against attention forward FLOPs per sequence, and the mechanisms' statistics over training.
 
     python -m experiments.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short_n256
 
-writes `<out>_curves.png` and `<out>_bpb_vs_flops.png` from `--results` (default experiments/results/lm.jsonl).
+writes `<out>_curves.png`, `<out>_bpb_vs_flops.png` and `<out>_stats.png` from `--results` (default experiments/results/lm.jsonl).
 Per variant: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
 """
 
@@ -74,6 +74,63 @@ def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[s
     return paths
 
 
+# Mechanism statistics over training (issue 14: label degree and disconnected fraction with a trained router; ABCA's
+# anchors, zones and inserted anchors): (panel title, statistic under `layer{i}/`, variants that report it).
+STATS_PANELS = (
+    ("keys per query (measured)", "keys_per_query"),
+    ("labels: mean degree (keys sharing a label)", "labels/mean_degree"),
+    ("labels: fraction of tokens disconnected", "labels/frac_disconnected"),
+    ("ABCA: anchors per sequence", "abca/anchors"),
+    ("ABCA: mean zone (tokens)", "abca/mean_zone"),
+    ("ABCA: anchors inserted by the zone cap", "abca/inserted_anchors"),
+)
+
+
+def stat_curve(runs: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, mean over seeds and layers) of `layer{i}/<stat>` from the rows' `stats_curve`, over the steps every
+    run logged; None when no run reports it."""
+    per_run = []
+    for r in runs:
+        points = {}
+        for p in r.get("stats_curve") or []:
+            vals = [v for k, v in p.items() if k.startswith("layer") and k.split("/", 1)[1] == stat and v is not None]
+            if vals:
+                points[p["step"]] = float(np.mean(vals))
+        if points:
+            per_run.append(points)
+    if not per_run:
+        return None
+    steps = sorted(set.intersection(*(set(c) for c in per_run)))
+    return np.array(steps), np.array([np.mean([c[s] for c in per_run]) for s in steps])
+
+
+def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
+    """One figure of `STATS_PANELS` against training step for the sparse variants of `config` and `n` (mean over
+    seeds and layers); None when no variant logged statistics."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
+
+    groups = {v: rs for v, rs in grouped(rows, config, n).items() if v != "dense"}
+    curves = [[(v, c) for v, rs in groups.items() if (c := stat_curve(rs, stat)) is not None]
+              for _, stat in STATS_PANELS]
+    if not any(curves):
+        return None
+    fig = Figure(figsize=(12, 6.6))
+    for i, ((title, _), panel) in enumerate(zip(STATS_PANELS, curves, strict=True)):
+        ax = fig.add_subplot(2, 3, i + 1)
+        for variant, (steps, values) in panel:
+            ax.plot(steps, values, label=variant)
+        ax.set(title=title, xlabel="training step")
+        ax.grid(alpha=0.3)
+        if panel:
+            ax.legend(fontsize=6)
+    fig.suptitle(f"LM {config}, n = {n}: mechanism statistics over training (mean over seeds and layers)")
+    fig.tight_layout()
+    path = f"{out}_stats.png"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
 def main(argv=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="cpu_short")
@@ -81,7 +138,9 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--out", required=True, help="path prefix of the two PNG files")
     args = parser.parse_args(argv)
-    paths = plot(read_rows(args.results), args.config, args.n, args.out)
+    rows = read_rows(args.results)
+    paths = plot(rows, args.config, args.n, args.out)
+    paths += [p for p in [plot_stats(rows, args.config, args.n, args.out)] if p]
     for p in paths:
         print("wrote", p)
     return paths

@@ -109,6 +109,34 @@ def lm_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def stats_table(rows: list[dict]) -> str:
+    """The sparse variants' statistics at the end of training, per layer (mean over seeds), where they log any."""
+    by_variant = _latest_per_seed(rows, lambda r: r["variant"])
+    cols = [(title, stat) for title, stat in plot_lm.STATS_PANELS]
+    lines = ["| variant | seeds | " + " | ".join(t for t, _ in cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    for variant in sorted(by_variant, key=_variant_order):
+        rs = by_variant[variant]
+        cells = [_per_layer(rs, stat) for _, stat in cols]
+        if variant == "dense" or all(c == "–" for c in cells[1:]):
+            continue
+        lines.append(f"| {variant} | {_seeds(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _per_layer(rs: list[dict], stat: str) -> str:
+    """`L0 / L1 / ...` of the last logged value of `layer{i}/<stat>`, mean over the runs that log it."""
+    layers: dict[int, list[float]] = {}
+    for r in rs:
+        last = (r.get("stats_curve") or [{}])[-1]
+        for k, v in last.items():
+            if k.startswith("layer") and k.split("/", 1)[1] == stat and v is not None:
+                layers.setdefault(int(k.split("/")[0][5:]), []).append(v)
+    if not layers:
+        return "–"
+    spec = ".4f" if stat.endswith("frac_disconnected") else ".1f"
+    return " / ".join(f"{statistics.fmean(layers[i]):{spec}}" for i in sorted(layers))
+
+
 def retrieval_table(rows: list[dict]) -> str:
     """Rows of one (task, config, n, budget): a line per variant, accuracy overall and per distance bucket."""
     by_variant = _latest_per_seed(rows, lambda r: r["variant"])
@@ -144,6 +172,11 @@ def lm_section(rows: list[dict], *, out: str, plots_dir: str) -> str:
                    f"--seed <seed>")
         parts += [f"#### LM `{config}`, n = {n}, {budget:g} keys per query\n", f"Each cell: `{command}`.\n",
                   lm_table(rs) + "\n", _images(paths, out) + "\n"]
+        stats, stats_png = stats_table(rs), plot_lm.plot_stats(rs, config, n, prefix)
+        if stats:
+            parts += ["Mechanism statistics at the last logged training step (layer 0 / layer 1, mean over seeds; "
+                      "the plot: over training, mean over seeds and layers):\n", stats + "\n",
+                      _images([stats_png], out) + "\n"]
     return "\n".join(parts) or "No LM rows yet.\n"
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments import report_lm
+from experiments import plot_lm, report_lm
 
 
 def lm_row(variant, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):
@@ -69,3 +69,30 @@ def test_missing_result_files_leave_the_page_alone(tmp_path):
 @pytest.mark.parametrize("values, text", [([], "–"), ([2.0], "2.000"), ([1.0, 3.0], "2.000 ± 1.414")])
 def test_mean_std(values, text):
     assert report_lm._mean_std(values, ".3f") == text
+
+
+def test_mechanism_statistics_over_training_table_and_plot(tmp_path):
+    """Label degree / disconnected fraction and ABCA's anchors, zones and insertions: the table shows the last
+    logged step per layer (mean over seeds), the plot the curves; variants with keys only are left out."""
+    def curve(stats, scale):
+        return [{"step": s, **{f"layer{i}/{k}": v * scale * (i + 1) for i in (0, 1) for k, v in stats.items()}}
+                for s, scale in ((10, 1.0), (20, scale))]
+
+    labels = {"keys_per_query": 20.0, "labels/mean_degree": 19.0, "labels/frac_disconnected": 0.01}
+    abca = {"keys_per_query": 10.0, "abca/anchors": 4.0, "abca/mean_zone": 8.0, "abca/inserted_anchors": 1.0}
+    rows = [dict(lm_row("labels", 0, 2.5), stats_curve=curve(labels, 2.0)),
+            dict(lm_row("labels", 1, 2.6), stats_curve=curve(labels, 4.0)),
+            dict(lm_row("abca", 0, 2.4), stats_curve=curve(abca, 1.0)),
+            dict(lm_row("local", 0, 2.4), stats_curve=curve({"keys_per_query": 12.0}, 1.0)),
+            lm_row("dense", 0, 2.3)]
+    table = report_lm.stats_table(rows)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+    assert set(lines) == {"labels", "abca"}
+    # labels' last step: seeds scaled by 2 and 4 -> mean 3x the base, layer 1 twice layer 0
+    assert "| 0, 1 | 60.0 / 120.0 | 57.0 / 114.0 | 0.0300 / 0.0600 | – | – | – |" in lines["labels"]
+    assert lines["abca"].endswith("| 10.0 / 20.0 | – | – | 4.0 / 8.0 | 8.0 / 16.0 | 1.0 / 2.0 |")
+    steps, values = plot_lm.stat_curve(rows[:2], "labels/mean_degree")
+    assert list(steps) == [10, 20] and list(values) == pytest.approx([28.5, 85.5])  # mean of layers (1x, 2x) and seeds
+    path = plot_lm.plot_stats(rows, "c", 64, str(tmp_path / "lm"))
+    assert path.endswith("lm_stats.png") and (tmp_path / "lm_stats.png").read_bytes()[:4] == b"\x89PNG"
+    assert plot_lm.plot_stats([lm_row("dense", 0, 2.3), lm_row("local", 0, 2.4)], "c", 64, str(tmp_path / "x")) is None
