@@ -76,7 +76,16 @@ def test_cli_digits_dense_appends_a_result_line(tmp_path):
     assert json.loads(line)["command"] == "python -m experiments.classify " + " ".join(argv)
 
 
-def test_resume_mid_run_equals_uninterrupted(tmp_path):
+@pytest.fixture
+def terminal_sigint():
+    """Ctrl-C as from a terminal for this test: a suite started in the background (`pytest &`, `bash .ci/run &`)
+    inherits SIGINT ignored, and the train loop leaves an ignored signal ignored (docs/training.md)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_resume_mid_run_equals_uninterrupted(tmp_path, terminal_sigint):
     config = classify.smoke("listops", 64, "dense")
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, eval_every=2))
     reference = classify.train_and_evaluate(config, str(tmp_path / "ref"), **QUIET)
