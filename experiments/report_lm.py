@@ -185,7 +185,7 @@ def retrieval_section(rows: list[dict], *, out: str, plots_dir: str) -> str:
     groups = _groups(rows, lambda r: (r["task"], r["config"], r["n"], r["budget_keys_per_query"]))
     parts = []
     for (task, config, n, budget), rs in groups.items():
-        path = os.path.join(plots_dir, f"retrieval_{task}_{config}_n{n}.png")
+        path = os.path.join(plots_dir, f"retrieval_{task}_{config}_n{n}_k{budget:g}.png")
         retrieval.plot(rs, path, title=f"{task}, n={n}, config {config}, budget {budget:g} keys/query")
         command = (f"python -m experiments.retrieval --task {task} --config {config} --n {n} --variant <variant> "
                    f"--budget {budget:g} --seed <seed>")

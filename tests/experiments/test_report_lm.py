@@ -52,7 +52,7 @@ def test_tables_pair_gaps_by_seed_keep_the_latest_row_and_the_prose(tmp_path):
     # retrieval: the empty 1-1 bucket is left out; per-bucket means over seeds
     assert "by distance 2-15 / 16-32 |" in text
     assert "| 50.0 / 70.0% | 60.0 ± 14.1% | 90.0 / 30.0% | 30.0 ± 7.1% |" in text
-    for png in ("lm_c_n64_curves.png", "lm_c_n64_bpb_vs_flops.png", "retrieval_recall_c_n32.png"):
+    for png in ("lm_c_n64_curves.png", "lm_c_n64_bpb_vs_flops.png", "retrieval_recall_c_n32_k6.png"):
         assert (tmp_path / "img" / png).read_bytes()[:4] == b"\x89PNG" and f"](img/{png})" in text
 
     report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img"))  # idempotent
