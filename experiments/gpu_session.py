@@ -5,7 +5,7 @@ On a lent machine (one `run` call with timeout_s 600; nothing to install there):
     SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m experiments.gpu_session --budget 540 --out "$OUT"
 Back here, with the folder the device tool returned the files to:
     python -m experiments.gpu_session --unpack <files_at>/gpu_session.tar.gz
-    python -m experiments.report_results && python -m experiments.report_lm     # re-render docs/results.md
+    python -m experiments.report_results     # re-render docs/results.md (classification, LM, retrieval)
 Without a GPU:
     python -m experiments.gpu_session --plan          # the stages, their seconds and commands; runs nothing
     python -m experiments.gpu_session --rehearse --budget 600 --out /tmp/rehearsal   # every stage's CPU mode
@@ -16,13 +16,13 @@ as one archive (`gpu_session.tar.gz`) beside a summary (`gpu_session.md`) and th
 
 Budget: each stage is allotted its share of `--budget` plus what the stages before it left unused, and gets
 that as its own budget flag less a margin for start-up and its last row (so the stages end themselves); a hard
-limit of allotment + `GRACE_S` then kills the stage's whole process group (the LM and classification stages run
-their cells as subprocesses, which must not outlive it). The archive is rewritten after every stage, so a call
+limit of allotment + `GRACE_S` then kills the stage's whole process group (the retrieval, LM and classification
+stages run their cells as subprocesses, which must not outlive it). The archive is rewritten after every stage, so a call
 cut by the device's own limit still returns what the finished stages measured.
 
-Continuation: the LM and classification stages start from the seed-scale rows already committed in
-experiments/results/ (`lm_gpu.jsonl`; the `seed` rows of `<task>.jsonl`) and skip those cells, so each lent
-session runs the next cells of their plans. `--unpack` appends only lines not already present.
+Continuation: the retrieval, LM and classification stages start from the GPU rows already committed in
+experiments/results/ (the `gpu` rows of `retrieval.jsonl`, `lm_gpu.jsonl`, the `seed` rows of `<task>.jsonl`) and
+skip those cells, so each lent session runs the next cells of their plans. `--unpack` appends only lines not already present.
 """
 
 from __future__ import annotations
