@@ -112,7 +112,7 @@ def lm_table(rows: list[dict]) -> str:
 def stats_table(rows: list[dict]) -> str:
     """The sparse variants' statistics at the end of training, per layer (mean over seeds), where they log any."""
     by_variant = _latest_per_seed(rows, lambda r: r["variant"])
-    cols = [(title, stat) for title, stat in plot_lm.STATS_PANELS]
+    cols = plot_lm.STATS_PANELS
     lines = ["| variant | seeds | " + " | ".join(t for t, _ in cols) + " |", "|" + "---|" * (len(cols) + 2)]
     for variant in sorted(by_variant, key=_variant_order):
         rs = by_variant[variant]
