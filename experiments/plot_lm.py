@@ -3,7 +3,8 @@ variant, final bits/byte against attention forward FLOPs per sequence, and the m
 
     python -m experiments.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short_n256
 
-writes `<out>_curves.png`, `<out>_bpb_vs_flops.png` and `<out>_stats.png` from `--results` (default experiments/results/lm.jsonl).
+writes `<out>_curves.png`, `<out>_bpb_vs_flops.png` and `<out>_stats.png` from `--results` (default
+experiments/results/lm.jsonl).
 Per variant: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
 """
 
@@ -75,7 +76,7 @@ def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[s
 
 
 # Mechanism statistics over training (issue 14: label degree and disconnected fraction with a trained router; ABCA's
-# anchors, zones and inserted anchors): (panel title, statistic under `layer{i}/`, variants that report it).
+# anchors, zones and inserted anchors): (panel title, statistic under `layer{i}/`); a variant shows where it logs it.
 STATS_PANELS = (
     ("keys per query (measured)", "keys_per_query"),
     ("labels: mean degree (keys sharing a label)", "labels/mean_degree"),
@@ -86,6 +87,16 @@ STATS_PANELS = (
 )
 
 
+def layer_values(point: dict, stat: str) -> dict[int, float]:
+    """{layer: value} of `layer{i}/<stat>` in one `stats_curve` point (logged values only)."""
+    out = {}
+    for k, v in point.items():
+        layer, _, name = k.partition("/")
+        if layer.startswith("layer") and name == stat and v is not None:
+            out[int(layer[5:])] = v
+    return out
+
+
 def stat_curve(runs: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(steps, mean over seeds and layers) of `layer{i}/<stat>` from the rows' `stats_curve`, over the steps every
     run logged; None when no run reports it."""
@@ -93,9 +104,9 @@ def stat_curve(runs: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray] | N
     for r in runs:
         points = {}
         for p in r.get("stats_curve") or []:
-            vals = [v for k, v in p.items() if k.startswith("layer") and k.split("/", 1)[1] == stat and v is not None]
+            vals = layer_values(p, stat)
             if vals:
-                points[p["step"]] = float(np.mean(vals))
+                points[p["step"]] = float(np.mean(list(vals.values())))
         if points:
             per_run.append(points)
     if not per_run:
@@ -136,7 +147,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--config", default="cpu_short")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--results", default=RESULTS)
-    parser.add_argument("--out", required=True, help="path prefix of the two PNG files")
+    parser.add_argument("--out", required=True, help="path prefix of the PNG files")
     args = parser.parse_args(argv)
     rows = read_rows(args.results)
     paths = plot(rows, args.config, args.n, args.out)

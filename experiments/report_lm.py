@@ -127,10 +127,8 @@ def _per_layer(rs: list[dict], stat: str) -> str:
     """`L0 / L1 / ...` of the last logged value of `layer{i}/<stat>`, mean over the runs that log it."""
     layers: dict[int, list[float]] = {}
     for r in rs:
-        last = (r.get("stats_curve") or [{}])[-1]
-        for k, v in last.items():
-            if k.startswith("layer") and k.split("/", 1)[1] == stat and v is not None:
-                layers.setdefault(int(k.split("/")[0][5:]), []).append(v)
+        for i, v in plot_lm.layer_values((r.get("stats_curve") or [{}])[-1], stat).items():
+            layers.setdefault(i, []).append(v)
     if not layers:
         return "–"
     spec = ".4f" if stat.endswith("frac_disconnected") else ".1f"

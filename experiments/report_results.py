@@ -398,7 +398,8 @@ def losses(entries: list[dict]) -> str:
             what.append(f"{e['ms'] / d['ms']:.1f}× dense's time per step (load {_fmt(e['load'], '.0f')} vs "
                         f"{_fmt(d['load'], '.0f')})")
         if what:
-            out.append(f"* {e['attention']} on {cell_label(e, entries, sep=' n=')} ({e['config']}): {'; '.join(what)}.")
+            cell = cell_label(e, entries, sep=" n=")
+            out.append(f"* {e['attention']} on {cell} ({e['config']}): {'; '.join(what)}.")
     return "\n".join(out) if out else "No mechanism loses to dense by these measures."
 
 
