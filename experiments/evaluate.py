@@ -28,13 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from experiments import classify_metrics as cm
-from experiments import lm
-from experiments.classify import task_buckets
 from sparse_attn import data as data_lib
 from sparse_attn import models, modules
 from sparse_attn import train as train_lib
 from sparse_attn.data import tasks as tasks_lib
+from sparse_attn.studies import classification as cm
+from sparse_attn.studies import lm as lm_objective
+from sparse_attn.studies.tasks import task_buckets
 from sparse_attn.train import checkpoint, run_config
 from sparse_attn.train import mesh as mesh_lib
 from sparse_attn.train import state as state_lib
@@ -208,7 +208,7 @@ def evaluate_lm(run: Restored, text: str | None = None, max_batches: int | None 
                                        max_batches=max_batches), text
     else:
         corpus = from_json(run.stored["data"], path="data").load()
-        fingerprint = lm.corpus_fingerprint(corpus)
+        fingerprint = lm_objective.corpus_fingerprint(corpus)
         if fingerprint != run.stored["corpus"]:
             raise CheckpointError(f"the run's validation data changed since it was trained: stored "
                                   f"{run.stored['corpus']}, now {fingerprint}")
@@ -216,7 +216,7 @@ def evaluate_lm(run: Restored, text: str | None = None, max_batches: int | None 
         batches = data_lib.eval_batches(corpus.valid_U8, global_batch=tc.global_batch, seq_len=tc.seq_len,
                                         num_batches=num)
         source = "validation"
-    metrics, n = _mean_metrics(lm.eval_fn, run.model, run.step, batches)
+    metrics, n = _mean_metrics(lm_objective.eval_fn, run.model, run.step, batches)
     return {"kind": "lm", "step": run.step, "data": source, "batches": n, **metrics}
 
 

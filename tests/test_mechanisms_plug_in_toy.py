@@ -17,7 +17,7 @@ import optax
 from flax import nnx
 
 import sparse_attn
-from experiments import bench_attention
+from experiments.benchmarks import attention as bench_attention
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext, AttentionOutput, DenseAttention, Projections
 

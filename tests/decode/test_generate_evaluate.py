@@ -13,8 +13,12 @@ import sys
 
 import pytest
 
-from experiments import evaluate, generate, lm, repro_cpu_collective_deadlock
+from experiments import evaluate, generate
+from experiments.lm import configs as lm_configs
+from experiments.lm import cpu_collective_deadlock as repro_cpu_collective_deadlock
+from experiments.lm import train as lm
 from sparse_attn.models import TransformerConfig
+from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import TrainConfig
 
 
@@ -107,7 +111,7 @@ def _restore_error(workdir) -> str:
 def test_from_json_round_trips_every_lm_attention():
     from sparse_attn.train import run_config
 
-    for name in lm.ATTENTION_NAMES:
-        cfg = TransformerConfig(attention=(lm.attention_by_name(name, 64),) * 2)
+    for name in mechanism_names(causal=True):
+        cfg = TransformerConfig(attention=(lm_configs.attention_by_name(name, 64),) * 2)
         assert evaluate.from_json(run_config.to_json(cfg)) == cfg, name
     assert dataclasses.is_dataclass(evaluate.from_json(run_config.to_json(TrainConfig())))

@@ -12,11 +12,15 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from experiments import attention_names, classify, classify_grid
-from experiments import classify_metrics as cm
-from experiments.prefetch import PrefetchBatches
+from experiments.classification import configs
+from experiments.classification import grid as classify_grid
+from experiments.classification import train as classify
+from sparse_attn.data.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
 from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LocalAttention, NoncrossingAttentionConfig
+from sparse_attn.studies import classification as cm
+from sparse_attn.studies import mechanisms as attention_names
+from sparse_attn.studies.tasks import make_task
 from sparse_attn.train import ConfigMismatchError, read_metrics
 
 QUIET = dict(log=lambda m: None)
@@ -44,7 +48,7 @@ def _check_row(row, *, task, attention):
     ("pathfinder", "local"),        # FLOPs from the pattern's statistics
 ])
 def test_smoke_config_of_each_task(tmp_path, task, attention):
-    row = classify.train_and_evaluate(classify.smoke(task, 64, attention), str(tmp_path), **QUIET)
+    row = classify.train_and_evaluate(configs.smoke(task, 64, attention), str(tmp_path), **QUIET)
     layer = _check_row(row, task=task, attention=attention)
     assert 0 < layer["attn_vs_dense"] < 1  # sparse: fewer pairs than dense
     with open(tmp_path / "result.json") as f:
@@ -73,7 +77,7 @@ def test_cli_digits_dense_appends_a_result_line(tmp_path):
     _check_row(row, task="digits", attention="dense")
     assert row["layers"][0]["attn_vs_dense"] == pytest.approx(1.0)
     (line,) = results.read_text().splitlines()
-    assert json.loads(line)["command"] == "python -m experiments.classify " + " ".join(argv)
+    assert json.loads(line)["command"] == "python -m experiments.classification " + " ".join(argv)
 
 
 @pytest.fixture
@@ -86,7 +90,7 @@ def terminal_sigint():
 
 
 def test_resume_mid_run_equals_uninterrupted(tmp_path, terminal_sigint):
-    config = classify.smoke("listops", 64, "dense")
+    config = configs.smoke("listops", 64, "dense")
     config = dataclasses.replace(config, train=dataclasses.replace(config.train, eval_every=2))
     reference = classify.train_and_evaluate(config, str(tmp_path / "ref"), **QUIET)
 
@@ -125,21 +129,21 @@ def test_cli_parses_task_n_attention_config():
     assert att[3].placement == "learned" and att[3].boundary_ids == tuple(range(9, 17))
     assert isinstance(att[5], NoncrossingAttentionConfig) and att[5].router == "defect_pair"
     assert classify.attention_spec(config.attention) == args.attention  # rows name the cell as the grid does
-    assert classify.attention_spec(classify.seed("dyck", 128, "local").attention) == "local"
+    assert classify.attention_spec(configs.seed("dyck", 128, "local").attention) == "local"
     # Images have no anchor token: `abca` anchors row starts.
-    image = classify.smoke("pathfinder", 1024, "abca").model.attention[0]
+    image = configs.smoke("pathfinder", 1024, "abca").model.attention[0]
     assert isinstance(image, AnchorAttentionConfig) and (image.placement, image.interval) == ("fixed", 32)
     for bad in (["--task", "digits", "--n", "128"], ["--task", "pathfinder", "--n", "1000"]):
         with pytest.raises(ValueError):
             classify.config_from_args(classify.parse_args([*bad, "--config", "smoke"]))
     with pytest.raises(ValueError, match="unknown attention"):
-        classify.smoke("listops", 64, "flash")
+        configs.smoke("listops", 64, "flash")
     with pytest.raises(SystemExit):
         classify.parse_args(["--task", "mnist", "--n", "64"])
 
 
 def test_router_warm_start_fits_layer0_and_labels_the_rows(tmp_path):
-    smoke = classify.smoke("dyck", 64, "noncrossing_defect")
+    smoke = configs.smoke("dyck", 64, "noncrossing_defect")
     config = dataclasses.replace(smoke, router_warm_start=30, task=dataclasses.replace(smoke.task, num_train=240))
     # In a run: once, before step 0; its rows name it.
     messages = []
@@ -162,9 +166,9 @@ def test_router_warm_start_fits_layer0_and_labels_the_rows(tmp_path):
         classify.train_and_evaluate(dataclasses.replace(config, router_warm_start=0), str(tmp_path), **QUIET)
     # It needs bracket words and a defect-pair router in layer 0.
     with pytest.raises(ValueError, match="bracket words"):
-        dataclasses.replace(classify.smoke("listops", 64, "noncrossing_defect"), router_warm_start=5)
+        dataclasses.replace(configs.smoke("listops", 64, "noncrossing_defect"), router_warm_start=5)
     with pytest.raises(ValueError, match="defect-pair router"):
-        dataclasses.replace(classify.smoke("dyck", 64, "dense"), router_warm_start=5)
+        dataclasses.replace(configs.smoke("dyck", 64, "dense"), router_warm_start=5)
 
 
 def test_parse_names():
@@ -212,7 +216,7 @@ def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
 
 
 def test_prefetch_gives_task_batches_and_resumes():
-    source = classify.make_task("listops", 64, num_train=40, num_validation=8).source("train")
+    source = make_task("listops", 64, num_train=40, num_validation=8).source("train")
     plain = TaskBatches(source, global_batch=8, seed=3)
     expected = [next(plain) for _ in range(7)]  # crosses an epoch (40 examples = 5 batches)
     pre = PrefetchBatches(source, global_batch=8, seed=3, depth=2)
@@ -243,7 +247,7 @@ def test_layer_attention_flops_from_the_common_statistic():
     pairs = sum(min(i + 5, v - 1) - max(i - 5, 0) + 1 for v in (10, 64, 33) for i in range(v))
     local = cm.layer_attention_flops(reported(LocalAttention(radius=5)), **kw)
     assert float(local) == pytest.approx(4 * 16 * 2 * pairs, rel=1e-6)
-    dense = cm.layer_attention_flops(reported(attention_names.classifier_attention("dense", n=64)), **kw)
+    dense = cm.layer_attention_flops(reported(attention_names.attention_config("dense", attention_names.Context.classifier(64))), **kw)
     assert float(dense) == pytest.approx(4 * 16 * 2 * (10**2 + 64**2 + 33**2), rel=1e-6)
     assert float(cm.layer_attention_flops({"keys_per_query": 2.5}, **kw)) == 4 * 16 * 2 * 2.5 * 107
     with pytest.raises(ValueError, match="no attention FLOP count"):

@@ -10,10 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from experiments import classify_grid, gpu_classify, report_results
-from experiments.classify import make_task
-from experiments.classify_grid import Cell
+from experiments.classification import grid as classify_grid
+from experiments.classification.grid import Cell
+from experiments.gpu import classify as gpu_classify
+from experiments.reports import results as report_results
 from sparse_attn.data.tasks import Pathfinder
+from sparse_attn.studies.tasks import make_task
 
 QUIET = dict(log=lambda m: None)
 
@@ -27,7 +29,7 @@ def _fake_run(calls, *, row_extra=None, rc=0):
         steps = int(a.get("--num_steps", classify_grid.CONFIGS[config]().train.num_steps))
         row = {"kind": "classify", "task": a["--task"], "n": int(a["--n"]), "attention": a["--attention"],
                "seed": int(a["--seed"]), "config": config, "steps": steps, "accuracy": 0.5,
-               "command": "python -m experiments.classify " + " ".join(argv), **(row_extra or {})}
+               "command": "python -m experiments.classification " + " ".join(argv), **(row_extra or {})}
         if rc == 0:
             with open(a["--results"], "a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -73,7 +75,7 @@ def test_grid_resume_skip_row_fields_and_deadline(tmp_path):
     cells = [Cell("dyck", 64, "dense", 0, 3), Cell("dyck", 64, "local", 0, 3), Cell("dyck", 64, "local", 1, 3)]
     calls = []
     kw = dict(config="smoke", num_steps=None, results_dir=str(results), runs_dir=str(runs), time_limit_s=50,
-              commit="abc1234", grid="test", grid_command="python -m experiments.classify_grid --grid test", **QUIET)
+              commit="abc1234", grid="test", grid_command="python -m experiments.classification.grid --grid test", **QUIET)
     status = classify_grid.run_grid(cells[:2], run=_fake_run(calls), **kw)
     assert list(status.values()) == ["finished", "finished"]
     argv = calls[0][0]
@@ -136,7 +138,7 @@ def _row(task, n, attention, seed, acc, *, peak=100.0, ratio=None, config="cpu",
                       {"step": 200, "train_flops": 1e12, "accuracy": acc, "valid_loss": 2.0 - acc}],
             "memory_mib": {"peak_mib": peak, "temp_mib": peak - 2}, "step_s": 0.3, "tokens_per_s": 7e3,
             "layers": [layer, layer], "backend": "cpu", "device": "cpu", "jax": "0.10.2", "git_commit": "abc1234",
-            "load": {"mean": 9.5}, "command": f"python -m experiments.classify --task {task} --n {n} "
+            "load": {"mean": 9.5}, "command": f"python -m experiments.classification --task {task} --n {n} "
                                              f"--attention {attention}", **extra}
 
 

@@ -1,4 +1,4 @@
-"""experiments/gpu_check.py on CPU (--dry-run: interpret mode, tiny sizes): the JSONL row schema, skipped rows
+"""experiments/gpu/check.py on CPU (--dry-run: interpret mode, tiny sizes): the JSONL row schema, skipped rows
 when the budget runs out, abandoned compiles recorded as errors, and one correctness row against the fp64 oracle."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from experiments import gpu_check
+from experiments.gpu import check as gpu_check
 
 COMMON = {"commit", "device", "jax", "date"}
 TIMED = {"method", "n", "d", "mode", "dtype", "ms", "tflops", "pairs", "first_call_s"} | COMMON

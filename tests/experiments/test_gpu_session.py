@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from experiments import gpu_session
-from experiments.gpu_session import Stage
+from experiments.gpu import session as gpu_session
+from experiments.gpu.session import Stage
 
 FAKE = textwrap.dedent("""
     import json, os, subprocess, sys, time
@@ -137,6 +137,8 @@ def test_real_stage_arguments_parse(stage, rehearse, monkeypatch, tmp_path):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
     module = importlib.import_module(stage.module)
+    if not hasattr(module, "main"):  # a study package: `python -m` runs its __main__
+        module = importlib.import_module(stage.module + ".__main__")
     with pytest.raises(_Parsed):
         module.main(stage.argv(str(tmp_path), 100.0) + list(stage.rehearse if rehearse else ()))
     assert seen["args"] is not None
@@ -152,7 +154,7 @@ def test_plan_and_bad_stage_names(capsys):
 
 def test_rows_name_the_commit_passed_in(monkeypatch):
     """A device's copy of the tree has no git: every script's rows take $SPARSE_ATTN_COMMIT."""
-    from experiments.cell_runs import git_commit
+    from sparse_attn.studies.runs import git_commit
 
     monkeypatch.setenv("SPARSE_ATTN_COMMIT", "feed123")
     assert git_commit() == "feed123"

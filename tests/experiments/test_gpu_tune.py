@@ -1,9 +1,9 @@
-"""experiments/gpu_tune.py on CPU (--dry-run: interpret mode, tiny sizes): rows as measured, the markdown's pick,
+"""experiments/gpu/tune.py on CPU (--dry-run: interpret mode, tiny sizes): rows as measured, the markdown's pick,
 a spent budget, and the GPU candidates (default first, every one within shared memory)."""
 
 import json
 
-from experiments import gpu_tune
+from experiments.gpu import tune as gpu_tune
 from sparse_attn.kernels import BlockSizes, smem
 
 

@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import lm_budget, lm_grid
-from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LabelAttentionConfig
+from experiments.lm import grid as lm_grid
+from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, DenseAttention, LabelAttentionConfig
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
+from sparse_attn.studies import budget as lm_budget
 
 N, TARGET = 64, 12.0
 COMPARED = ("local", "longformer", "bigbird", "labels", "labels_pos", "abca", "abca_hs2", "abca_fixed",
@@ -67,7 +68,7 @@ def test_matched_budgets_agree_within_ten_percent_on_dense_masks():
     assert hi <= 1.1 * lo, measured
     assert all(abs(k - TARGET) <= 0.1 * TARGET for k in measured.values()), measured
     assert isinstance(lm_budget.attention_for_budget("dense", n=N, keys_per_query_target=TARGET),
-                      type(lm_grid.lm.DenseAttention()))
+                      type(DenseAttention()))
 
 
 def test_unreachable_budget_is_refused_naming_the_variant():
@@ -116,7 +117,7 @@ def test_grid_runs_dense_first_and_skips_finished_cells(tmp_path):
 
 
 def test_gpu_plan_limits_cells_by_time_left_and_records_cut_cells(tmp_path):
-    from experiments import gpu_lm
+    from experiments.gpu import lm as gpu_lm
 
     results = tmp_path / "gpu.jsonl"
     plan = [lm_grid.Cell(64, v, 12, 0) for v in ("dense", "local", "labels", "abca_fixed")]
@@ -175,7 +176,7 @@ def test_label_budget_search_takes_the_wide_window_side_of_the_minimum():
 
 
 def test_plot_lm_curves_and_flops(tmp_path):
-    from experiments import plot_lm  # noqa: PLC0415
+    from experiments.reports import plot_lm  # noqa: PLC0415
 
     def row(variant, seed, curve, flops):
         return {"kind": "lm", "config": "c", "n": 64, "variant": variant, "seed": seed,

@@ -1,9 +1,9 @@
-"""experiments/noncrossing_warm_start.py at smoke size: every arm runs, rows are complete, the warm arm's router
+"""experiments/classification/router_warm_start.py at smoke size: every arm runs, rows are complete, the warm arm's router
 is fitted before the task steps."""
 
 import json
 
-from experiments import noncrossing_warm_start as nws
+from experiments.classification import router_warm_start as nws
 
 
 def test_smoke_rows(tmp_path):

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from experiments import plot_label_phases as plp
+from experiments.reports import label_phases as plp
 from sparse_attn.train.reporting import METRICS_FILE
 
 STEPS, SWITCHES = 240, {1: 72, 2: 120, 3: 192}  # phase index -> first step

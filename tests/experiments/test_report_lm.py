@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from experiments import plot_lm, report_lm
+from experiments.reports import lm as report_lm
+from experiments.reports import plot_lm
 
 
 def lm_row(variant, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):

@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import lm_grid, retrieval
-from experiments.lm_budget import attention_for_budget
+from experiments.retrieval import train as retrieval
 from sparse_attn.data.tasks import AssociativeRecall, eval_batches
+from sparse_attn.studies.budget import attention_for_budget
+from sparse_attn.studies.cells import Cell
 
 N = 64
 
@@ -49,7 +50,7 @@ def test_eval_counts_match_a_hand_count_by_distance():
 
 def test_smoke_run_writes_a_row(tmp_path):
     results = tmp_path / "retrieval.jsonl"
-    row = retrieval.run("passkey", "smoke", lm_grid.Cell(N * 2, "local", 12, 0), workdir=str(tmp_path / "run"),
+    row = retrieval.run("passkey", "smoke", Cell(N * 2, "local", 12, 0), workdir=str(tmp_path / "run"),
                         results=str(results), command="cmd", log=lambda *_: None)
     assert row["steps"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["valid_loss"])
     fractions = [b["fraction"] for b in row["accuracy_by_distance"].values()]
@@ -61,13 +62,13 @@ def test_smoke_run_writes_a_row(tmp_path):
 
 def test_refusals_and_grid(tmp_path):
     with pytest.raises(ValueError, match="no anchor token"):
-        retrieval.run("recall", "smoke", lm_grid.Cell(N, "abca", 12, 0), workdir=str(tmp_path), results=None)
+        retrieval.run("recall", "smoke", Cell(N, "abca", 12, 0), workdir=str(tmp_path), results=None)
     with pytest.raises(ValueError, match="unknown task"):
         retrieval.make_task("copy", N, retrieval.SETUPS["smoke"])
     calls = []
     status = retrieval.run_grid(retrieval.GRIDS["smoke"], config="smoke", results=str(tmp_path / "r.jsonl"),
                                 runs_dir=str(tmp_path), time_limit_s=1,
-                                run_cmd=lambda argv, t, module: calls.append((module, argv)) or 0, log=lambda *_: None)
+                                run_cmd=lambda module, argv, t: calls.append((module, argv)) or 0, log=lambda *_: None)
     assert [c[0] for c in calls] == ["experiments.retrieval"] * 2 and set(status.values()) == {"finished"}
 
 
@@ -75,7 +76,7 @@ def test_grid_within_a_total_budget(tmp_path):
     """`total_s`: each run gets min(its limit, what is left), and none starts with less than `min_cell_s` left."""
     now, limits = [0.0], []
 
-    def fake_run(argv, limit, module):
+    def fake_run(module, argv, limit):
         limits.append(limit)
         now[0] += 70.0
         return 0

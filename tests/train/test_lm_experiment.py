@@ -9,20 +9,24 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from experiments import lm
+from experiments.lm import configs as lm_configs
+from experiments.lm import train as lm
+from sparse_attn.data import TextSource
 from sparse_attn.models import TransformerConfig
+from sparse_attn.studies import lm as lm_objective
+from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import ConfigMismatchError, TrainConfig, read_metrics
 
 
-def _micro(tmp_path) -> lm.LMConfig:
+def _micro(tmp_path) -> lm_configs.LMConfig:
     """2 layers (local, dense) x 32 wide; 3 steps on a small local text folder."""
     for i in range(30):
         (tmp_path / "text").mkdir(exist_ok=True)
         (tmp_path / "text" / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 20)
-    attention = tuple(lm.attention_by_name(name, 16) for name in ("local", "dense"))  # RoPE on
-    return lm.LMConfig(
+    attention = tuple(lm_configs.attention_by_name(name, 16) for name in ("local", "dense"))  # RoPE on
+    return lm_configs.LMConfig(
         model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=attention),
-        data=lm.TextSource(path=str(tmp_path / "text")),
+        data=TextSource(path=str(tmp_path / "text")),
         train=TrainConfig(global_batch=8, seq_len=16, num_steps=3, warmup_steps=1, checkpoint_every=2,
                           eval_every=2, eval_batches=1, tensorboard=True),
     )
@@ -56,22 +60,22 @@ def test_train_resume_summary_and_plot(tmp_path, capsys):
 
 
 def test_every_named_attention_builds_a_causal_lm():
-    for name in lm.ATTENTION_NAMES:
-        att = lm.attention_by_name(name, 16)
+    for name in mechanism_names(causal=True):
+        att = lm_configs.attention_by_name(name, 16)
         config = TransformerConfig(model_dim=32, num_heads=2, num_layers=1, mlp_dim=64, attention=att)
         batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.zeros((2, 16), jnp.int32)}
 
         def loss(config=config, batch=batch):
-            return lm.loss_fn(lm.TransformerLM(config, rngs=nnx.Rngs(0)), batch, jnp.zeros((), jnp.int32))
+            return lm_objective.loss_fn(lm.TransformerLM(config, rngs=nnx.Rngs(0)), batch, jnp.zeros((), jnp.int32))
 
         loss_shape, metrics = jax.eval_shape(loss)
         assert loss_shape.shape == () and metrics["bits_per_byte"].shape == (), name
     with pytest.raises(ValueError, match="dense"):
-        lm.attention_by_name("nope", 64)
+        lm_configs.attention_by_name("nope", 64)
 
 
 def test_cli_resume_refuses_other_attention_or_text(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(lm.CONFIGS, "micro", lambda: _micro(tmp_path))
+    monkeypatch.setitem(lm_configs.CONFIGS, "micro", lambda: _micro(tmp_path))
     workdir = str(tmp_path / "run")
     lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2"])
     (tmp_path / "other.txt").write_text("other text " * 200)

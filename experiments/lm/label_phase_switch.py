@@ -1,0 +1,113 @@
+"""Label attention at a phase switch: one checkpoint's parameters evaluated in several phases on the same batches
+(docs/labels.md, "Phase transitions: why the switch still jumped").
+
+    python -m experiments.lm.label_phase_switch --workdir runs/lab_smoke_labels_defaults --checkpoint 120 \
+        --steps 71 72 100 119 120 192 --batches 120 128 --out experiments/results/labels_phases_probe.json
+
+For each `--steps` value s the model runs the forward of train step s (its phase, τ and ramp weight) with the
+checkpoint's parameters on the training batches of steps [`--batches`) and on the validation batches: nll, the
+weight on edges the hard pattern drops, and hard keys per query. The same parameters in two phases separate a jump
+in the forward (the pattern changes) from one in the optimisation after the switch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from experiments.lm import configs as lm_configs
+from sparse_attn.data.iterators import RandomWindows, eval_batches
+from sparse_attn.models.transformer import TransformerLM
+from sparse_attn.train import checkpoint
+from sparse_attn.train import mesh as mesh_lib
+from sparse_attn.train import state as state_lib
+
+
+def restored(config: lm_configs.LMConfig, workdir: str, step: int, num_steps: int):
+    """(graphdef, params, rest) of `workdir`'s checkpoint at `step`, the label layers fitted to `num_steps`."""
+
+    def make(rngs):
+        model = TransformerLM(config.model, rngs=rngs)
+        for _, module in nnx.iter_modules(model):
+            if callable(getattr(module, "fit_schedule", None)):
+                module.fit_schedule(num_steps)
+        return model
+
+    tc = config.train
+    tx = state_lib.make_optimizer(tc)
+    mesh = mesh_lib.make_mesh(tc)
+    shapes, shardings = state_lib.abstract_state(make, tx, tc, mesh)
+    manager = checkpoint.make_manager(workdir, tc)
+    state, _ = checkpoint.restore(manager, state_lib.with_shardings(shapes, shardings), step)
+    manager.close()
+    return state_lib.graphdef_of(make), state.params, state.rest
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--config", default="smoke_labels")
+    parser.add_argument("--label", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="smoke_labels overrides of the label config, e.g. ramp_thinning=False")
+    parser.add_argument("--checkpoint", type=int, required=True)
+    parser.add_argument("--steps", type=int, nargs="+", required=True)
+    parser.add_argument("--batches", type=int, nargs=2, required=True, help="training batches [start, stop)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    overrides = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.label)}
+    config = lm_configs.smoke_labels(**overrides) if overrides else lm_configs.CONFIGS[args.config]()
+    tc = config.train
+    graphdef, params, rest = restored(config, args.workdir, args.checkpoint, tc.num_steps)
+
+    @jax.jit
+    def forward(params, rest, batch, step):
+        model = nnx.merge(graphdef, params, rest)
+        model.eval()
+        out = model(batch["inputs"], step=step)
+        nll = optax.softmax_cross_entropy_with_integer_labels(out.logits.astype(jnp.float32), batch["targets"])
+        return jnp.mean(nll, axis=-1), out.stats  # per-sequence nll
+
+    corpus = config.data.load()
+    windows = RandomWindows(corpus.train_U8, global_batch=tc.global_batch, seq_len=tc.seq_len, seed=tc.seed)
+    windows.set_state({"seed": tc.seed, "step": args.batches[0]})
+    train = [next(windows) for _ in range(*args.batches)]
+    valid = list(eval_batches(corpus.valid_U8, global_batch=tc.global_batch, seq_len=tc.seq_len,
+                              num_batches=tc.eval_batches))
+    results = {}
+    for s in args.steps:
+        row = {}
+        for split, batches in (("train", train), ("valid", valid)):
+            nll, stats = [], []
+            for batch in batches:
+                n, st = forward(params, rest, batch, jnp.int32(s))
+                nll.append(np.asarray(n))
+                stats.append({k: float(v) for k, v in st.items()})
+            nll = np.concatenate(nll)
+            row[split] = dict(nll=float(nll.mean()), nll_per_seq=nll.tolist())
+            for name in sorted(stats[0]):
+                if name.endswith(("dropped_mass", "mean_degree", "phase", "hard_weight", "tau")):
+                    row[split][name] = float(np.mean([st[name] for st in stats]))
+        results[s] = row
+        tr = row["train"]
+        print(f"step {s}: train nll {tr['nll']:.4f}, valid nll {row['valid']['nll']:.4f}",
+              {k: round(v, 4) for k, v in tr.items() if k.startswith("layer")}, flush=True)
+    # Paired differences (same sequences): the forward's change between consecutive probed steps.
+    pairs = {}
+    for a, b in zip(args.steps, args.steps[1:]):
+        d = np.asarray(results[b]["train"]["nll_per_seq"]) - np.asarray(results[a]["train"]["nll_per_seq"])
+        pairs[f"{a}->{b}"] = dict(mean=float(d.mean()), sem=float(d.std(ddof=1) / np.sqrt(d.size)))
+        print(f"train nll {a} -> {b}: {d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(d.size):.4f} (paired, sem)")
+    with open(args.out, "w") as f:
+        json.dump(dict(args=vars(args), steps=results, paired=pairs), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
