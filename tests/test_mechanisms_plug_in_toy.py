@@ -1,5 +1,6 @@
-"""A fourth mechanism defined entirely here, touching no library file: its own pattern type and executor, run
-through `sparse_attn.attention`, a module config in `TransformerLM`, and the benchmark harness.
+"""A fourth mechanism defined entirely here, touching no library or experiment file: its own pattern type and
+executor, run through `sparse_attn.attention`, a module config in `TransformerLM`, the benchmark harness, and the LM
+runner, which trains it by the name it registers (`sparse_attn.studies.mechanisms.register_mechanism`).
 
 The toy: causal strided attention, query i attends keys j <= i with (i - j) % stride == 0 (docs/architecture.md,
 "Adding a mechanism").
@@ -14,10 +15,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 import sparse_attn
 from experiments.benchmarks import attention as bench_attention
+from experiments.lm import configs as lm_configs
+from experiments.lm import train as lm_train
+from sparse_attn.data import TextSource
+from sparse_attn.studies import mechanisms
+from sparse_attn.train import TrainConfig
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext, AttentionOutput, DenseAttention, Projections
 
@@ -154,3 +161,31 @@ def test_toy_pattern_runs_in_the_benchmark_harness(monkeypatch):
     rows = bench_attention.run(args)
     assert [(r.method, r.impl) for r in rows] == [("dense", "jax.nn"), ("strided", "strided")]
     assert rows[1].flops == 4.0 * 2 * sum(i // 8 + 1 for i in range(64)) * 8  # pattern_stats on the toy pattern
+
+
+@pytest.fixture
+def toy_registered():
+    """The toy under a registry name for as long as the test runs (xdist workers share no registry)."""
+    mechanisms.register_mechanism("toy_strided", lambda ctx: StridedAttentionConfig(stride=max(ctx.window // 2, 1)),
+                                  encoder=False)
+    yield "toy_strided"
+    mechanisms.unregister_mechanism("toy_strided")
+
+
+def test_the_lm_runner_trains_the_toy_by_name(toy_registered, tmp_path, monkeypatch):
+    text = tmp_path / "text"
+    text.mkdir()
+    for i in range(20):
+        (text / f"f{i}.txt").write_text(f"def function_{i}(x):\n    return x * {i}\n" * 20)
+    micro = lm_configs.LMConfig(
+        model=TransformerConfig(model_dim=32, num_heads=2, num_layers=2, mlp_dim=64, attention=(DenseAttention(),) * 2),
+        data=TextSource(path=str(text)),
+        train=TrainConfig(global_batch=8, seq_len=16, num_steps=2, warmup_steps=1, checkpoint_every=2, eval_every=2,
+                          eval_batches=1, progress=False),
+    )
+    monkeypatch.setitem(lm_configs.CONFIGS, "micro", lambda: micro)
+    assert toy_registered in mechanisms.mechanism_names(causal=True)
+    summary = lm_train.main(["--config", "micro", "--workdir", str(tmp_path / "run"), "--attention",
+                             f"{toy_registered},dense"])
+    assert summary["step"] == 2 and np.isfinite(summary["eval"]["bits_per_byte"])
+    assert summary["train"]["layer0/strided/stride"] == 2.0  # window 16 // 4 = 4 each side -> stride 2

@@ -13,7 +13,7 @@ import jax
 
 from sparse_attn.data import StdlibSource, TextSource, TfdsSource
 from sparse_attn.models import TransformerConfig
-from sparse_attn.modules import LabelAttentionConfig, LocalAttention
+from sparse_attn.modules import LocalAttention
 from sparse_attn.studies.cells import Scale, grid_cells
 from sparse_attn.studies.mechanisms import Context, attention_config
 from sparse_attn.train import TrainConfig
@@ -109,8 +109,7 @@ def smoke_labels(attention: str = "labels", **label_overrides) -> LMConfig:
     config = smoke()
     seq_len = config.train.seq_len
     if attention == "labels":
-        att = LabelAttentionConfig(radius=max(seq_len // 4, 1), block=min(128, seq_len),
-                                   soft_block=min(64, seq_len), **label_overrides)
+        att = attention_config("labels", Context.lm(seq_len), causal=True, **label_overrides)
     else:
         att = LocalAttention(radius=EQUAL_PAIRS_RADIUS)
     model = dataclasses.replace(config.model, attention=(att, att))

@@ -95,6 +95,13 @@ def register_mechanism(name: str, build: Callable[[Context], object], *, causal:
     return _REGISTRY[name]
 
 
+def unregister_mechanism(name: str) -> None:
+    """Remove `name` (a test's or a notebook's own mechanism)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"mechanism {name!r} is not registered")
+    del _REGISTRY[name]
+
+
 def mechanism_names(*, causal: bool | None = None, encoder: bool | None = None) -> tuple[str, ...]:
     """Registered names in registration order; `causal=True` keeps those the LM can run, `encoder=True` those the
     classifier can."""
@@ -102,14 +109,22 @@ def mechanism_names(*, causal: bool | None = None, encoder: bool | None = None) 
                  if (causal is None or m.causal == causal) and (encoder is None or m.encoder == encoder))
 
 
-def attention_config(name: str, ctx: Context, *, causal: bool | None = None):
-    """The config of one layer running mechanism `name`; `causal=True` refuses encoder-only mechanisms (and
-    `causal=False` causal-only ones) naming what is allowed."""
+def attention_config(name: str, ctx: Context, *, causal: bool | None = None, **overrides):
+    """The config of one layer running mechanism `name`, with `overrides` of its fields (`phase="hard"`).
+    `causal=True` refuses encoder-only mechanisms (and `causal=False` causal-only ones) naming what is allowed."""
     allowed = mechanism_names(causal=True) if causal else mechanism_names(encoder=True) if causal is False \
         else mechanism_names()
     if name not in allowed:
         raise ValueError(f"unknown attention {name!r}; choose from {', '.join(allowed)}")
-    return _REGISTRY[name].build(ctx)
+    config = _REGISTRY[name].build(ctx)
+    if overrides:
+        fields = {f.name for f in dataclasses.fields(config)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(f"{type(config).__name__} ({name!r}) has no field {', '.join(unknown)}; its fields: "
+                             f"{', '.join(sorted(fields))}")
+        config = dataclasses.replace(config, **overrides)
+    return config
 
 
 def parse_names(spec: str, num_layers: int) -> tuple[str, ...]:
