@@ -27,6 +27,8 @@ import jax.numpy as jnp
 
 import sparse_attn.kernels as kernels
 from experiments.gpu import check as gpu_check
+from experiments.gpu import measure
+from experiments.gpu import methods as check_methods
 from sparse_attn.kernels import smem
 from sparse_attn.patterns import baselines
 from sparse_attn.studies.runs import git_commit
@@ -58,17 +60,17 @@ def candidates(head_dim: int, dry_run: bool = False) -> list[kernels.BlockSizes]
     return [b for b in dict.fromkeys(listed) if smem.fits(b, head_dim, 2)]
 
 
-def sweep(p: gpu_check.Plan, head_dims, emit, t_start: float, dry_run: bool) -> None:
+def sweep(p: check_methods.Plan, head_dims, emit, t_start: float, dry_run: bool) -> None:
     for d in head_dims:
         n = p.n
         pairs = n * n
         ks = jax.random.split(jax.random.key(d), 3)
         qkv = [jax.random.normal(x, (1, n, p.heads, d), jnp.float32).astype(jnp.bfloat16) for x in ks]
         pattern = baselines.dense(n)
-        methods = [("cudnn_dense", None, gpu_check.cudnn_method(p, False, pairs))]
+        methods = [("cudnn_dense", None, check_methods.cudnn_method(p, False, pairs))]
         for blocks in candidates(d, dry_run):
             cfg = kernels.KernelConfig(block_sizes=blocks, interpret=True if p.interpret else None)
-            methods.append(("tune_dense", blocks, gpu_check.kernel_method(dataclasses.replace(p, config=cfg),
+            methods.append(("tune_dense", blocks, check_methods.kernel_method(dataclasses.replace(p, config=cfg),
                                                                           pattern, d, pairs)))
         for mode in ("fwd", "fwd+bwd"):
             for name, blocks, method in methods:
@@ -80,7 +82,7 @@ def sweep(p: gpu_check.Plan, head_dims, emit, t_start: float, dry_run: bool) -> 
                     emit(dict(row, skipped="time budget"))
                     continue
                 try:
-                    res = gpu_check.time_row(method, mode, qkv, p, min(p.compile_limit_s, left))
+                    res = measure.time_row(method, mode, qkv, p, min(p.compile_limit_s, left))
                     flops = 4.0 * d * pairs * p.heads * (1.0 if mode == "fwd" else 3.5)
                     emit(dict(row, ms=res["ms"], tflops=flops / (res["ms"] * 1e-3) / 1e12, pairs=pairs,
                               first_call_s=res["first_call_s"]))
@@ -93,7 +95,7 @@ def _blocks_label(b: dict) -> str:
             f"{b['block_k_bwd'] or b['block_k']}, warps {b['num_warps'] or 'auto'}, stages {b['num_stages']}")
 
 
-def markdown(rows: list[dict], common: dict, p: gpu_check.Plan | None = None) -> str:
+def markdown(rows: list[dict], common: dict, p: check_methods.Plan | None = None) -> str:
     lines = [f"# Dense kernel tile sweep: {common['device']}, jax {common['jax']}, commit {common['commit']}, "
              f"{common['date']}", "",
              "Command: `SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. timeout 300 python3 -m experiments.gpu.tune` "
@@ -131,7 +133,7 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if not args.dry_run and jax.default_backend() != "gpu":
         raise SystemExit("no GPU: run with --dry-run (CPU, interpret mode) instead")
-    p = dataclasses.replace(gpu_check.plan(args.dry_run, args.budget_s), compile_limit_s=args.compile_limit_s)
+    p = dataclasses.replace(check_methods.plan(args.dry_run, args.budget_s), compile_limit_s=args.compile_limit_s)
     head_dims = (32,) if args.dry_run else (64, 128)
     dev = jax.devices()[0]
     common = dict(commit=git_commit(), device=dev.device_kind, jax=jax.__version__,
@@ -149,5 +151,5 @@ def main(argv=None) -> list[dict]:
 
 if __name__ == "__main__":
     main()
-    if any(t.is_alive() for t in gpu_check._ABANDONED):  # rows are on disk: don't wait for an abandoned compile
+    if any(t.is_alive() for t in measure._ABANDONED):  # rows are on disk: don't wait for an abandoned compile
         os._exit(0)

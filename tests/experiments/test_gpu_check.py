@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from experiments.gpu import check as gpu_check
+from experiments.gpu import measure, methods
 
 COMMON = {"commit", "device", "jax", "date"}
 TIMED = {"method", "n", "d", "mode", "dtype", "ms", "tflops", "pairs", "first_call_s"} | COMMON
@@ -47,15 +48,15 @@ def test_a_spent_budget_records_every_row_as_skipped(tmp_path):
              "ours_causal", "abca_core_default", "labels_core_default", "routing_core_default", "abca_core_pallas",
              "labels_core_pallas", "check_causal", "check_bigbird", "check_longformer")  # fmt: skip
     assert set(kinds) <= names
-    p = gpu_check.plan(True, 0)
-    assert len(rows) == len(gpu_check.check_cases(p)) + sum(
-        2 * len(gpu_check.method_list(p, n, d, part)) for n, d, part in gpu_check.passes(p)
+    p = methods.plan(True, 0)
+    assert len(rows) == len(measure.check_cases(p)) + sum(
+        2 * len(methods.method_list(p, n, d, part)) for n, d, part in gpu_check.passes(p)
     )
 
 
 def test_correctness_row_matches_the_float64_oracle():
-    p = gpu_check.plan(True, None)
-    row = gpu_check.check_row(p, "causal", 32, jnp.float32, 120)
+    p = methods.plan(True, None)
+    row = measure.check_row(p, "causal", 32, jnp.float32, 120)
     assert row["ok"], row
     assert max(row["max_abs_err"].values()) < 1e-5  # interpret mode on CPU: fp32 dots are exact fp32
 
