@@ -5,7 +5,7 @@
 Tasks (`sparse_attn.data.tasks`, docs/tasks.md): listops, dyck (n = padded length), pathfinder (n = size**2),
 digits (n = 64), cifar10 (n = 1024 grayscale or 3072 RGB; needs the TFDS data prepared). Attention: one name
 for every layer or one per layer, `--attention dense,dense,noncrossing_defect,noncrossing_defect,dense,dense`; names
-in `experiments/../sparse_attn/studies/mechanisms.py` (dense, local, longformer, bigbird, abca, abca_fixed, abca_learned, labels,
+in `sparse_attn/studies/mechanisms.py` (dense, local, longformer, bigbird, abca, abca_fixed, abca_learned, labels,
 noncrossing_defect, noncrossing_brick, noncrossing_adjacent). Pixel tasks feed one token per pixel (as LRA).
 
 Configs (each function's docstring has its command and expected result): `smoke` (CI, seconds), `small`

@@ -13,6 +13,7 @@ import pytest
 from experiments.classification import grid as classify_grid
 from experiments.classification.grid import Cell
 from experiments.gpu import classify as gpu_classify
+from experiments.reports import classification_tables
 from experiments.reports import results as report_results
 from sparse_attn.data.tasks import Pathfinder
 from sparse_attn.studies.tasks import make_task
@@ -186,8 +187,8 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     # The majority class of the examples a row was validated on (counted), or the task's known rate.
     labels = [int(make_task("dyck", 64, num_train=1, num_validation=12).source("validation")[i]["label"])
               for i in range(12)]
-    assert report_results.majority("dyck", 64, 12) == max(labels.count(0), labels.count(1)) / 12
-    assert report_results.majority("dyck", 64, None) == report_results.CHANCE["dyck"]
+    assert classification_tables.majority("dyck", 64, 12) == max(labels.count(0), labels.count(1)) / 12
+    assert classification_tables.majority("dyck", 64, None) == classification_tables.CHANCE["dyck"]
     assert "pathfinder n=128 (cpu): dense does **not** separate from local" in text
     assert "* local on listops n=128 (cpu): accuracy -10.0 points; 1.20× dense's step memory." in text
     assert "* noncrossing_defect on pathfinder n=128 (cpu): accuracy -21.0 points." in text
