@@ -12,11 +12,12 @@ validation examples. `--text FILE` (LM only) evaluates every whole `seq_len` win
 A missing workdir, a workdir without checkpoints, an absent step, a checkpoint without a stored config, a config
 naming a field this code does not know, or arrays that do not fit the model the config describes each raise an
 error naming the problem (`CheckpointError`).
+
+Writes: nothing; prints the metrics as one JSON line.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -33,6 +34,7 @@ from sparse_attn import models, modules
 from sparse_attn import train as train_lib
 from sparse_attn.data import tasks as tasks_lib
 from sparse_attn.studies import classification as cm
+from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
 from sparse_attn.studies.tasks import task_buckets
 from sparse_attn.train import checkpoint, run_config
@@ -246,8 +248,9 @@ def evaluate(workdir: str, step: int | None = None, text: str | None = None, max
     return evaluate_classifier(run)
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--workdir", required=True, help="the training run's workdir")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--text", help="LM runs: evaluate on this text file instead of the validation set")

@@ -10,11 +10,12 @@ attention decodes its hard phase; a warning says so when the checkpoint is still
 (stderr, and the returned dict) prefill time, decode tokens/s (after compilation) and the caches' bytes.
 `--max_len` sizes the caches (default prompt + num_tokens); BigBird decodes exactly the full forward pass at that
 length.
+
+Writes: nothing; streams the sampled bytes to stdout and a JSON summary line.
 """
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import sys
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from experiments.evaluate import CheckpointError, restore
 from sparse_attn.decode import LMDecoder
+from sparse_attn.studies import cli
 
 
 def encode(prompt: str) -> np.ndarray:
@@ -34,8 +36,9 @@ def encode(prompt: str) -> np.ndarray:
 
 def generate(workdir: str, prompt: str, num_tokens: int, *, step: int | None = None, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0, max_len: int | None = None,
-             stream=None, log=None) -> dict:
-    """Sample `num_tokens` bytes after `prompt`; `stream` (a text file) receives them as they are drawn."""
+             stream=None, echo_prompt: bool = False, log=None) -> dict:
+    """Sample `num_tokens` bytes after `prompt`; `stream` (a text file) receives them as they are drawn (after the
+    prompt itself with `echo_prompt`, once the checkpoint is restored)."""
     run = restore(workdir, step)
     if run.kind != "lm":
         raise CheckpointError(f"{workdir!r} is a {run.kind} run; generation needs a causal LM run")
@@ -47,6 +50,8 @@ def generate(workdir: str, prompt: str, num_tokens: int, *, step: int | None = N
     for warning in decoder.warnings:
         (log or _stderr)(f"warning: {warning}")
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # prints a multi-byte character whole
+    if stream is not None and echo_prompt:
+        stream.write(prompt)
 
     def on_token(tok):
         if stream is not None:
@@ -68,8 +73,9 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--workdir", required=True, help="an LM run's workdir (experiments.lm)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--prompt", default="def ", help="text to continue (UTF-8 bytes)")
@@ -80,9 +86,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max_len", type=int, help="cache length (default prompt + num_tokens)")
     args = parser.parse_args(argv)
-    sys.stdout.write(args.prompt)
     out = generate(args.workdir, args.prompt, args.num_tokens, step=args.step, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_len=args.max_len, stream=sys.stdout)
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_len=args.max_len, stream=sys.stdout,
+                   echo_prompt=True)
     _stderr(f"\n-- step {out['step']}: {args.num_tokens} bytes, prefill {out['prefill_s'] * 1e3:.1f} ms, "
             f"decode {out['tokens_per_s']:.1f} tokens/s (after compilation), caches {out['cache_bytes']:,} bytes "
             f"(max_len {out['max_len']})")

@@ -15,11 +15,12 @@ at 4096 and >= 30x at 16384, compiled memory (temp + args + outputs) >= 8x small
 
   python -m experiments.benchmarks.abca --stages --n 4096 16384    the core's stages timed apart (docs/abca.md)
   python -m experiments.benchmarks.abca --compile --n 4096 16384   CPU seconds to lower + compile the bf16 fwd+bwd
+
+Writes: a markdown table and JSON under experiments/results/ (bench_abca.{md,json}; --tag names them).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -32,6 +33,7 @@ from sparse_attn.modules.abca import AnchorProjections, abca_core
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.patterns import abca
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 
 HEAD_DIM = 64
 
@@ -230,8 +232,9 @@ def draw_figures(out_dir: str) -> list[str]:
     return paths
 
 
+@cli.entry_point
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--handshake-steps", type=int, default=1)
     p.add_argument("--blocks-max-n", type=int, default=4096)

@@ -7,11 +7,12 @@ For each n it times forward and forward+backward (median of repeats after warm-u
 analysis (temp + arguments + outputs) of forward+backward, counts attention FLOPs from the pattern, and reports
 speedup and memory ratio against dense `jax.nn.dot_product_attention` measured in the same run. Writes a markdown
 table, JSON and a log-log PNG under --out-dir.
+
+Writes: experiments/results/bench_attention.{md,json,png} (table, rows, log-log plot).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -25,6 +26,7 @@ import sparse_attn
 from sparse_attn import patterns
 from sparse_attn.patterns.abca import ZonePattern
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +143,9 @@ def run(args) -> list[benchlib.Row]:
     return benchlib.add_ratios(rows)
 
 
+@cli.entry_point
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--methods", nargs="+", default=["window", "longformer", "bigbird"], choices=sorted(METHODS))
     accel = jax.default_backend() in ("gpu", "tpu")

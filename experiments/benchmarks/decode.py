@@ -7,11 +7,12 @@ and decodes a few tokens at positions n - steps .. n - 1 with the jitted one-tok
 as if the context were there (the step's work depends on the cache shapes and the position, not on the cached
 values), so no point decodes the whole context. Reported: median seconds per token (after one warm-up step that
 compiles), tokens/s and the caches' bytes (all layers). Writes `experiments/results/bench_decode.{md,json,png}`.
+
+Writes: experiments/results/bench_decode.{md,json,png}.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ from flax import nnx
 from sparse_attn.decode import LMDecoder
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AnchorAttentionConfig, DenseAttention, LabelAttentionConfig, LocalAttention
+from sparse_attn.studies import cli
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 WINDOW = 256
@@ -80,8 +82,9 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+@cli.entry_point
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--lengths", default="1024,4096,16384,65536")
     parser.add_argument("--mechanisms", default="dense,local,labels,abca")
     parser.add_argument("--layers", type=int, default=2)

@@ -12,11 +12,12 @@ log-sum-exp merge (+ landmark pass), from hidden states x and projected q, k, v 
 the label pattern's. Acceptance at n=8192, radius 2048, landmarks every 512, d=32, k=2, B=1, H=4, D=64:
 fwd+bwd >= 5x faster than dense, >= 3x faster than window, <= 3x slower than window_equal_pairs, and compiled
 memory (temp + args + outputs) >= 4x lower than dense.
+
+Writes: experiments/results/bench_labels.{md,json} (--tag names them).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -29,6 +30,7 @@ from sparse_attn.patterns import sliding_window
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 
 
 def equal_pairs_radius(n: int, pairs_per_head: float) -> int:
@@ -59,8 +61,9 @@ def draw_pattern(path: str, n: int = 256, radius: int = 32, landmark_every: int 
     return viz.plot_mask(jax.device_get(pattern.to_dense())[0, 0], path, title=title)
 
 
+@cli.entry_point
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(__doc__)
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--radius", type=int, default=2048)
     ap.add_argument("--landmark-every", type=int, default=512)

@@ -8,11 +8,12 @@ Each (mechanism, implementation) builds the smoke model with that mechanism in e
 compiled step on real corpus windows. `--rounds` repeats the whole sweep with the configurations interleaved, so a
 slow phase of the shared machine hits every configuration alike; the table gives the median over rounds and the
 default/reference ratio side by side. Results: `experiments/results/bench_lm_step[_tag].{json,md}`.
+
+Writes: experiments/results/bench_lm_step{_TAG}.{md,json}.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ from experiments.lm import configs as lm_configs
 from sparse_attn.data import RandomWindows
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
 from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import state as state_lib
@@ -73,8 +75,9 @@ def measure(name, impl, seq_len, batch, batches, repeats) -> dict:
                 step_s=statistics.median(times), step_cpu_s=statistics.median(cpu), losses=losses)
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--seq_len", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5, help="timed steps per measurement (median)")

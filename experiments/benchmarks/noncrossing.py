@@ -9,11 +9,12 @@ projected q, k, v [B, N, 4, 64]: router pair scores, T defect-pair layers of TL 
 projections are excluded. Forward+backward differentiates w.r.t. x, q, k, v and the router's parameters. Dense is
 `jax.nn.dot_product_attention` on the same q, k, v (skipped above --dense-max-n: its N x N logits). Acceptance
 (docs/noncrossing.md): fwd+bwd speedup >= 20x at n=4096, and routing time(16384) <= 5 x time(4096).
+
+Writes: experiments/results/bench_noncrossing.{md,json}.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -23,6 +24,7 @@ from flax import nnx
 
 from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 
 
 def noncrossing_core(n: int, args, router: str):
@@ -96,8 +98,9 @@ def _print(row):
     )
 
 
+@cli.entry_point
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
     p.add_argument(
         "--routers", nargs="+", default=["defect_pair"], choices=["defect_pair", "brick_wall", "adjacent_topk"]

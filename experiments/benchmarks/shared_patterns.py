@@ -8,11 +8,12 @@ trained one step at a time. "shared": the model builds the pattern and its stati
 every layer builds its own (the behaviour before it existed; XLA may still merge the identical copies). Reported per
 mechanism and mode: trace + lower and compile time (wall and process CPU), fusions in the compiled step, and the
 median step time, the modes interleaved over `--rounds`. Results: `experiments/results/bench_shared_patterns.{json,md}`.
+
+Writes: experiments/results/bench_shared_patterns.{md,json}.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ from experiments.lm import configs as lm_configs
 from sparse_attn.data import RandomWindows
 from sparse_attn.models import TransformerLM, transformer
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
@@ -54,8 +56,9 @@ def measure(name: str, mode: str, args, batches) -> dict:
             return bench_lm_step.measure(name, None, args.seq_len, args.batch, batches, args.repeats)
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--seq_len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, default=4)

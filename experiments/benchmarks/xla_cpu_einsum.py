@@ -2,6 +2,8 @@
 over the head dimension against the same contraction as an einsum, forward and as the transpose autodiff emits.
 
 Command: python -m experiments.benchmarks.xla_cpu_einsum
+
+Writes: nothing; prints one time per case.
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
 
 
-def main():
+@cli.entry_point
+def main(argv=None):
+    cli.ArgumentParser(__doc__).parse_args(argv)
     ka, kb = jax.random.split(jax.random.PRNGKey(0))
     a, b = (jax.random.normal(k, (1, 4096, 4, 64)) for k in (ka, kb))
     w = jnp.ones((1, 4096, 4))

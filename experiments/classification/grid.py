@@ -7,11 +7,12 @@ Each cell is `python -m experiments.classification ... --results experiments/res
 cell whose row is already in the results file is skipped; a cell past its limit gets SIGTERM (the loop saves
 its step and exits), leaves no row, and resumes from its checkpoint when the grid is run again. Render the
 tables and plots with `python -m experiments.reports.results`.
+
+Writes: one workdir per cell under --runs_dir and one JSON line per finished cell in --results_dir/<task>.jsonl.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
@@ -22,6 +23,7 @@ import time
 from typing import NamedTuple
 
 from experiments.classification.configs import CONFIGS
+from sparse_attn.studies import cli
 from sparse_attn.studies.runs import git_commit, run_module
 
 
@@ -280,8 +282,9 @@ def parse_deadline(text: str | None, now: float | None = None) -> float | None:
     return t if t > now else t + 86400
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--grid", choices=sorted(GRIDS), required=True)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="seed")
     parser.add_argument("--num_steps", type=int, help="override every cell's steps")

@@ -14,11 +14,12 @@ labelled by whether it closes a bracket of height t); "dense" and "local" are th
 sees the same task batches. Reported per arm: a validation curve (accuracy, loss, mean training loss) and, for
 non-crossing arms, the share of validation words whose layer-0 router (head 0) builds exactly the bracket
 matching as its top caps.
+
+Writes: one JSON line per arm in experiments/results/noncrossing_warm_start.jsonl (--out).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -37,6 +38,7 @@ from sparse_attn.modules import DenseAttention, LocalAttention
 from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.warm_start import bracket_matching
 from sparse_attn.patterns.noncrossing import diagram_np
+from sparse_attn.studies import cli
 from sparse_attn.studies.warm_start import adam_step, dyck_batches, fit_router, layer0_features
 
 
@@ -158,8 +160,9 @@ def run_arm(arm: str, seed: int, args) -> dict:
     return row
 
 
+@cli.entry_point
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(__doc__)
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--depth", type=int, default=10, help="Dyck height m and the routers' num_route_layers")
     ap.add_argument("--width", type=int, default=32, help="model width (2 heads, MLP 2x)")

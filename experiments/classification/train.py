@@ -16,6 +16,8 @@ ListOps/Dyck), loss, training FLOPs (experiments/classify_metrics.py), compiled 
 step, tokens/s and every layer's statistics. `--results FILE` also appends the result as one JSON line (the
 grid, `experiments/classification/grid.py`, and the report, `experiments/reports/results.py`, read those). The
 "valid" records of `metrics.jsonl` are batch means of sums (`correct`, `count`, ...): accuracy = correct / count.
+
+Writes: the workdir (metrics.jsonl, checkpoints/, result.json); with --results, one JSON line there.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from sparse_attn.data.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import eval_batches
 from sparse_attn.models import TransformerClassifier
 from sparse_attn.studies import classification as cm
+from sparse_attn.studies import cli
 from sparse_attn.studies import warm_start as rws
 from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.studies.runs import git_commit
@@ -194,7 +197,7 @@ def default_workdir(args) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--task", choices=TASKS, required=True)
     parser.add_argument("--n", type=int, required=True, help="sequence length (images: pixels)")
     parser.add_argument("--attention", default="dense",
@@ -222,6 +225,7 @@ def config_from_args(args: argparse.Namespace) -> ClassifyConfig:
     return config
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
     args = parse_args(argv)
     config = config_from_args(args)

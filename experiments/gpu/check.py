@@ -32,11 +32,12 @@ that happened; correctness rows are method "check_<pattern>" with max_abs_err, t
 routing core: valid key-row slots). TFLOP/s: 4·d flops per pair and head forward, 3.5x that for fwd+bwd.
 `first_call_s`: compile (capped by --compile-limit-s; a compile still running then is abandoned and recorded as
 an error) + the first call.
+
+Writes: DIR/gpu_check.jsonl (appended row by row) and DIR/gpu_check.md (--out DIR).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -62,6 +63,7 @@ from experiments.gpu.methods import (
     method_list,
     plan,
 )
+from sparse_attn.studies import cli
 from sparse_attn.studies.runs import git_commit
 
 
@@ -214,9 +216,10 @@ def markdown(rows: list[dict], common: dict, p: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+@cli.entry_point
 def main(argv=None) -> list[dict]:
     t_start = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser(__doc__)
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
     ap.add_argument("--budget-s", type=float, help="no row starts after this many seconds (default 300)")
     ap.add_argument("--check-reserve-s", type=float, help="seconds of the budget kept for correctness (default 70)")

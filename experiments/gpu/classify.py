@@ -14,11 +14,12 @@ the end `<out>/results.md` + plots (the report, `experiments/reports/results.py`
 experiments/results/ and rerun the report to put them into docs/results.md.
 
 The per-step guesses are not measurements (no GPU run yet): `status.jsonl` records the real seconds.
+
+Writes: result rows and the classification report under --out.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from experiments.classification import grid as classify_grid
 from experiments.classification.configs import CONFIGS
 from experiments.classification.grid import Cell
 from experiments.reports import results as report_results
+from sparse_attn.studies import cli
 
 MECHANISMS = ("dense", "local", "noncrossing_defect", "abca", "longformer", "labels")
 
@@ -123,8 +125,9 @@ def run_budget(cells: list[Cell], *, config: str, steps: int, budget_s: float, o
     return records
 
 
+@cli.entry_point
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--budget", type=float, default=570, help="seconds for everything, report included")
     parser.add_argument("--reserve", type=float, default=30, help="seconds kept for the report")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="seed")

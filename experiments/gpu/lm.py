@@ -15,11 +15,12 @@ resumes from its checkpoint). XLA's compilation cache lives in runs/jax_cache so
 Budgets (keys per query; dense causal has (n + 1) / 2): 128 for local, Longformer, labels and fixed-interval ABCA
 (16x fewer than dense at 4k, 64x at 16k); explicit newline ABCA cannot reach 128 (lines are short: it gets ~25),
 so it runs at its own budget 24 beside local at 24. Order = priority: 4k first, then 16k, then 8k.
+
+Writes: one workdir per cell and one JSON line per cell (finished, cut or refused) under --out.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -29,6 +30,7 @@ import time
 
 from experiments.lm import grid as lm_grid
 from sparse_attn.data import StdlibSource
+from sparse_attn.studies import cli
 from sparse_attn.studies.budget import attention_for_budget, keys_per_query, newline_windows
 from sparse_attn.studies.cells import read_rows, row_key
 from sparse_attn.studies.runs import git_commit
@@ -121,8 +123,9 @@ def run_plan(plan, *, tiny: bool, steps: int, total_s: float, cell_s: float, res
     return status
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--tiny", action="store_true", help="CPU-sized model and plan (tests the pipeline)")
     parser.add_argument("--dry_run", action="store_true", help="print the plan and the matched configs only")
     parser.add_argument("--steps", type=int, help="training steps per cell (default 150; --tiny 4)")

@@ -23,11 +23,12 @@ cut by the device's own limit still returns what the finished stages measured.
 Continuation: the retrieval, LM and classification stages start from the GPU rows already committed in
 experiments/results/ (the `gpu` rows of `retrieval.jsonl`, `lm_gpu.jsonl`, the `seed` rows of `<task>.jsonl`) and
 skip those cells, so each lent session runs the next cells of their plans. `--unpack` appends only lines not already present.
+
+Writes: $OUT/gpu_session.tar.gz (every stage's outputs), a summary and the log; --unpack appends new rows to experiments/results/.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.metadata
 import importlib.util
@@ -42,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from sparse_attn.studies import cli
 from sparse_attn.studies.runs import git_commit
 
 RESULTS_DIR = os.path.join("experiments", "results")
@@ -309,8 +311,9 @@ def _append_new(src: str, dst: str) -> int:
     return len(new)
 
 
+@cli.entry_point
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--budget", type=float, default=540, help="seconds for every stage and the archive")
     parser.add_argument("--out", default=os.environ.get("OUT"), help="where the archive, summary and log go")
     parser.add_argument("--stages", default=",".join(s.name for s in STAGES),

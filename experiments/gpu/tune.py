@@ -11,11 +11,12 @@ pattern with each candidate `BlockSizes` (the current default first; only candid
 H100/H200 shared memory by `kernels.smem.fits`), n = 16384, B = 1, H = 16, bf16. Rows as gpu_check's (method
 `cudnn_dense` or `tune_dense`, plus `blocks`), appended as measured; a spent budget records `skipped` rows. The
 markdown names the fastest candidate per (d, mode) and its ratio to cuDNN: what `BlockSizes.default` should become.
+
+Writes: DIR/gpu_tune.jsonl and DIR/gpu_tune.md (--out DIR).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import os
@@ -31,6 +32,7 @@ from experiments.gpu import measure
 from experiments.gpu import methods as check_methods
 from sparse_attn.kernels import smem
 from sparse_attn.patterns import baselines
+from sparse_attn.studies import cli
 from sparse_attn.studies.runs import git_commit
 
 B = kernels.BlockSizes
@@ -123,9 +125,10 @@ def markdown(rows: list[dict], common: dict, p: check_methods.Plan | None = None
     return "\n".join(lines) + "\n"
 
 
+@cli.entry_point
 def main(argv=None) -> list[dict]:
     t_start = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = cli.ArgumentParser(__doc__)
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
     ap.add_argument("--budget-s", type=float, default=200, help="no row starts after this many seconds")
     ap.add_argument("--compile-limit-s", type=float, default=30, help="abandon a compile after this long")

@@ -5,15 +5,18 @@ prints "ok" after all steps.
 
 Commands: PJRT_NPROC=8 python -m experiments.lm.cpu_collective_deadlock --steps 2000    (aborts)
           PJRT_NPROC=32 python -m experiments.lm.cpu_collective_deadlock --steps 2000   (ok, ~70 s)
+
+Writes: a temporary run directory; prints `ok <seconds>` or aborts.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import tempfile
 import time
+
+from sparse_attn.studies import cli
 
 
 def tiny_lm_config(root: pathlib.Path, **train):
@@ -35,8 +38,9 @@ def tiny_lm_config(root: pathlib.Path, **train):
     )
 
 
+@cli.entry_point
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--sync_every", type=int, default=8)

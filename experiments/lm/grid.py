@@ -12,11 +12,12 @@ the embedded stdlib corpus (`experiments/lm/train.py`). Each finished cell appen
 dense row of the same config, n and seed when that row exists), tokens/s, peak compiled train-step memory,
 attention FLOPs (measured keys per query x 4 head_dim per head and token), the matched parameter, the validation
 curve and every layer's mechanism statistics over training (from the train records of `metrics.jsonl`).
+
+Writes: one workdir per cell under --runs_dir and one JSON line per finished cell in --results.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -30,6 +31,7 @@ from experiments.lm import train as lm_train
 from experiments.lm.configs import GRIDS, SCALES, LMConfig
 from sparse_attn.data import StdlibSource
 from sparse_attn.models import TransformerConfig
+from sparse_attn.studies import cli
 from sparse_attn.studies.budget import VARIANTS, attention_for_budget, keys_per_query, newline_windows
 from sparse_attn.studies.cells import (
     Cell,
@@ -175,8 +177,9 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--config", choices=sorted(SCALES), default="cpu")
     parser.add_argument("--grid", choices=sorted(GRIDS), help="run every cell of this grid (subprocesses)")
     parser.add_argument("--n", type=int, default=256)

@@ -8,11 +8,12 @@ the band tier it ran, and the fraction of batches on tier 0 — first with the l
 `calibrate_reach` on the training windows (held-out: the validation batches). `--time R`: the label core's hard
 forward and forward+backward (median of R) on one batch's q, k, v and labels at the planned reach (the tier it
 runs), at the calibrated reach (tier 0) and, for the balanced cost, on uniformly random labels at the planned reach.
+
+Writes: nothing; prints the capacity table and timings.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -29,6 +30,7 @@ from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttention, calibrate_reach
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.studies import cli
 
 
 def label_inputs(model, tokens_BxN):
@@ -109,8 +111,9 @@ def time_settings(built: dict, q, k, v, repeats: int) -> dict:
     return out
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.ArgumentParser(__doc__)
     p.add_argument("--workdir", required=True)
     p.add_argument("--batches", type=int, default=16, help="training windows (batches) to calibrate on")
     p.add_argument("--time", type=int, default=0, help="timed repeats of the core per setting (0: no timing)")

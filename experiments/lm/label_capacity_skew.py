@@ -7,9 +7,10 @@ logits; d 32, k 2, 4 heads, D 64, causal, landmarks every radius. Times the buck
 forward+backward (median wall and process-CPU ms) at the default planned reach (the skewed batch runs the fallback
 tier it needs), at the reach `calibrate_reach` would plan for it (tier 0), and for the random logits' own top-2
 (balanced) at the default plan.
+
+Writes: nothing; prints the timings.
 """
 
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,11 +20,13 @@ from sparse_attn.executors.labels.bucketed import default_reach, fallback_reache
 from sparse_attn.modules.labels.calibrate import capacity_for
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.studies import cli
 
 D_LABELS, TOP_K, HEADS, HEAD_DIM, SHARE = 32, 2, 4, 64, 0.6
 
 
-def main(n: int, radius: int, repeats: int) -> dict:
+def run(n: int, radius: int, repeats: int) -> dict:
+    """Time the three settings at length n and window radius (median of `repeats`)."""
     base = BaseGraph(radius=radius, landmark_every=radius, causal=True)
     ks = jax.random.split(jax.random.PRNGKey(0), 5)
     q, k, v = (jax.random.normal(key, (1, n, HEADS, HEAD_DIM)) for key in ks[:3])
@@ -45,5 +48,15 @@ def main(n: int, radius: int, repeats: int) -> dict:
     return out
 
 
+@cli.entry_point
+def main(argv=None) -> dict:
+    parser = cli.ArgumentParser(__doc__)
+    parser.add_argument("n", type=int, help="sequence length")
+    parser.add_argument("radius", type=int, help="window radius")
+    parser.add_argument("repeats", type=int, help="interleaved repeats")
+    args = parser.parse_args(argv)
+    return run(args.n, args.radius, args.repeats)
+
+
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:4]))
+    main()

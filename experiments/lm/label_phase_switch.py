@@ -8,13 +8,15 @@ For each `--steps` value s the model runs the forward of train step s (its phase
 checkpoint's parameters on the training batches of steps [`--batches`) and on the validation batches: nll, the
 weight on edges the hard pattern drops, and hard keys per query. The same parameters in two phases separate a jump
 in the forward (the pattern changes) from one in the optimisation after the switch.
+
+Writes: nothing; prints the loss of each phase variant at the checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ from flax import nnx
 from experiments.lm import configs as lm_configs
 from sparse_attn.data.iterators import RandomWindows, eval_batches
 from sparse_attn.models.transformer import TransformerLM
+from sparse_attn.studies import cli
 from sparse_attn.train import checkpoint
 from sparse_attn.train import mesh as mesh_lib
 from sparse_attn.train import state as state_lib
@@ -50,8 +53,9 @@ def restored(config: lm_configs.LMConfig, workdir: str, step: int, num_steps: in
     return state_lib.graphdef_of(make), state.params, state.rest
 
 
+@cli.entry_point
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--config", default="smoke_labels")
     parser.add_argument("--label", nargs="*", default=[], metavar="KEY=VALUE",
@@ -61,6 +65,9 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs=2, required=True, help="training batches [start, stop)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if not os.path.isdir(args.workdir):
+        raise FileNotFoundError(f"no run directory {args.workdir!r} (--workdir: a label LM run, e.g. of "
+                                "`python -m experiments.lm --config smoke_labels`)")
 
     overrides = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.label)}
     config = lm_configs.smoke_labels(**overrides) if overrides else lm_configs.CONFIGS[args.config]()

@@ -16,11 +16,12 @@ pattern, repeatable) accepts a change on purpose, e.g. extending a run with a lo
 Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
 `sparse_attn.studies.mechanisms.mechanism_names(causal=True)`: dense, local, longformer, bigbird, labels, abca).
 Multi-host: see `sparse_attn/train/distributed.py` and docs/training.md.
+
+Writes: the workdir: metrics.jsonl, checkpoints/, summary.json, loss_curves.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -30,6 +31,7 @@ import jax
 from experiments.lm.configs import CONFIGS, LMConfig, attention_by_name
 from sparse_attn.data import RandomWindows, TextSource, eval_batches
 from sparse_attn.models import TransformerLM
+from sparse_attn.studies import cli
 from sparse_attn.studies.lm import corpus_fingerprint, eval_fn, loss_fn
 from sparse_attn.studies.mechanisms import parse_names
 from sparse_attn.train import distributed, read_metrics
@@ -108,8 +110,9 @@ def print_summary(summary: dict) -> None:
     print("\n".join(["== summary =="] + lines))
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="smoke")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--attention", help="comma-separated names, one per layer (or one for all)")

@@ -11,16 +11,18 @@ jump of the loss at each switch against the same statistic at ordinary steps (do
         --out experiments/results/labels_phases_3seeds.json
 
 Each run directory is an `experiments.lm` workdir (its metrics.jsonl; a run still going is read as far as it got).
+
+Writes: the --out JSON summary and the --plot PNG.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
 import numpy as np
 
+from sparse_attn.studies import cli
 from sparse_attn.train import read_metrics
 
 WINDOW = 10  # steps averaged on each side of a switch
@@ -96,8 +98,9 @@ def paired_over_seeds(pairs: list[tuple[str, str]]) -> dict:
                 reference_valid_mean=float(ref_valid.mean()), reference_valid_std=float(ref_valid.std(ddof=1)))
 
 
+@cli.entry_point
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--seed_pairs", nargs="+", default=None, metavar="RUN:REFERENCE",
                         help="instead of a plot: label runs each paired with a reference run on the same seed; "
                              "writes the paired steps per seed and their mean ± standard error to --out")

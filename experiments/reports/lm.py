@@ -7,11 +7,12 @@ One table per (config, n, budget) of the LM rows and per (task, config, n, budge
 per variant with every seed's number beside the mean ± std (sample std; none for one seed), the latest row of a
 repeated seed winning. Only the text between each section's markers is rewritten: the prose that reads the tables
 lives outside them. `experiments.reports.results` calls this after the classification section.
+
+Writes: the LM and retrieval sections of --out (docs/results.md) and their plots under --plots_dir.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 
@@ -19,6 +20,7 @@ from experiments.lm.grid import read_rows
 from experiments.reports import plot_lm
 from experiments.reports.doc_sections import write_section
 from experiments.retrieval import train as retrieval
+from sparse_attn.studies import cli
 from sparse_attn.studies.budget import VARIANTS
 
 LM_MARKERS = ("<!-- lm:begin (python -m experiments.reports.lm writes this section) -->", "<!-- lm:end -->")
@@ -219,8 +221,9 @@ def render(results_dir: str, out: str, *, plots_dir: str) -> list[str]:
     return written
 
 
+@cli.entry_point
 def main(argv=None) -> list[str]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--results_dir", default=os.path.join("experiments", "results"))
     parser.add_argument("--out", default=os.path.join("docs", "results.md"))
     parser.add_argument("--plots_dir", default=os.path.join("docs", "img"))

@@ -9,11 +9,11 @@ adjacent-defect pair closes a bracket of height t (teacher-forced on the exact l
 itself* (local-max selection, no teacher) builds the diagram of a held-out sequence; the script checks that its top
 caps are the bracket matching and draws the diagram and the key rows [self, top partner, bottom partner] as an
 attention mask.
+
+Writes: the --out PNG.
 """
 
 from __future__ import annotations
-
-import argparse
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +22,7 @@ from flax import nnx
 from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
 from sparse_attn.patterns.noncrossing import diagram_np, stats
+from sparse_attn.studies import cli
 from sparse_attn.studies.warm_start import adam_step
 
 T = 4
@@ -108,8 +109,9 @@ def draw(seq: str, p: np.ndarray, mask: np.ndarray, path: str, title: str):
     plt.close(fig)
 
 
+@cli.entry_point
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(__doc__)
     ap.add_argument("--seq", default="(()(()))()((()()))")
     ap.add_argument("--train-len", type=int, default=24)
     ap.add_argument("--steps", type=int, default=300)

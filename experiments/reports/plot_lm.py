@@ -6,16 +6,18 @@ variant, final bits/byte against attention forward FLOPs per sequence, and the m
 writes `<out>_curves.png`, `<out>_bpb_vs_flops.png` and `<out>_stats.png` from `--results` (default
 experiments/results/lm.jsonl).
 Per variant: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
+
+Writes: the --out PNG.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 
 from experiments.lm.grid import RESULTS, read_rows
+from sparse_attn.studies import cli
 
 
 def grouped(rows: list[dict], config: str, n: int) -> dict[str, list[dict]]:
@@ -142,8 +144,9 @@ def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
     return path
 
 
+@cli.entry_point
 def main(argv=None) -> list[str]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--config", default="cpu_short")
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--results", default=RESULTS)

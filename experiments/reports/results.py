@@ -8,11 +8,12 @@ the part of `--out` between the classification markers is rewritten, so other se
 modelling) can live in the same file; to a page without the markers the section is appended. Rows from before and
 after renames of per-layer statistics are read alike (`_first`). The same command then renders the language-modelling
 and retrieval sections (`experiments.reports.lm`, plots in the page's img/ folder).
+
+Writes: the classification, LM and retrieval sections of --out (docs/results.md) and their plots.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from experiments.reports import lm as report_lm
@@ -31,6 +32,7 @@ from experiments.reports.classification_tables import (
 )
 from experiments.reports.classification_verdicts import losses, verdicts
 from experiments.reports.doc_sections import write_section
+from sparse_attn.studies import cli
 
 
 def section(rows: list[dict], entries: list[dict], *, out: str, plots_dir: str, note: str) -> tuple[str, list[str]]:
@@ -89,8 +91,9 @@ def render(results_dir: str, out: str, *, plots_dir: str, note: str = "") -> lis
     return plots
 
 
+@cli.entry_point
 def main(argv=None) -> list[str]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--results_dir", default=os.path.join("experiments", "results"))
     parser.add_argument("--out", default=os.path.join("docs", "results.md"))
     parser.add_argument("--plots_dir", default=os.path.join("experiments", "results"))

@@ -13,11 +13,12 @@ none and stays the fixed pattern of its cap). Each finished run appends one JSON
 experiments/results/retrieval.jsonl): accuracy per answer, per distance bucket (powers of two below n) and per
 sequence (every answer right), validation loss, keys per query per layer, tokens/s, peak train-step memory,
 the command and the git commit.
+
+Writes: the workdir (metrics.jsonl, checkpoints/); one JSON line per finished run in --results; --plot PNG.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -33,6 +34,7 @@ import optax
 from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
+from sparse_attn.studies import cli
 from sparse_attn.studies.budget import VARIANTS, attention_for_budget, keys_per_query
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
 from sparse_attn.studies.runs import git_commit, run_module
@@ -219,8 +221,9 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
     return path
 
 
+@cli.entry_point
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--task", choices=("recall", "passkey"), default="recall")
     parser.add_argument("--config", choices=sorted(SETUPS), default="cpu")
     parser.add_argument("--grid", choices=sorted(GRIDS))

@@ -26,6 +26,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, doc: str | None = None, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("prog", _prog_of(sys._getframe(1).f_globals))  # the script's module, not sys.argv[0]
         super().__init__(description=(doc or "").strip() or None, **kwargs)
 
     def error(self, message: str):
@@ -39,10 +40,14 @@ def fail(prog: str, error: BaseException) -> None:
     raise SystemExit(2)
 
 
-def _prog(main) -> str:
-    spec = main.__globals__.get("__spec__")  # run as `python -m pkg.mod`, __module__ is "__main__"
-    name = spec.name if spec is not None else main.__module__
+def _prog_of(module_globals: dict) -> str:
+    spec = module_globals.get("__spec__")  # run as `python -m pkg.mod`, __name__ is "__main__"
+    name = spec.name if spec is not None else module_globals.get("__name__", "")
     return "python -m " + name.removesuffix(".__main__")
+
+
+def _prog(main) -> str:
+    return _prog_of(main.__globals__)
 
 
 def entry_point(main):

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ from sparse_attn.data import TextSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.studies import lm as lm_objective
 from sparse_attn.studies.mechanisms import mechanism_names
-from sparse_attn.train import ConfigMismatchError, TrainConfig, read_metrics
+from sparse_attn.train import TrainConfig, read_metrics
 
 
 def _micro(tmp_path) -> lm_configs.LMConfig:
@@ -75,16 +76,25 @@ def test_every_named_attention_builds_a_causal_lm():
 
 
 def test_cli_resume_refuses_other_attention_or_text(tmp_path, monkeypatch, capsys):
+    """On the command line a refused resume is one line naming the fields, exit status 2 (the train loop raises
+    ConfigMismatchError, a ValueError)."""
     monkeypatch.setitem(lm_configs.CONFIGS, "micro", lambda: _micro(tmp_path))
     workdir = str(tmp_path / "run")
     lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2"])
     (tmp_path / "other.txt").write_text("other text " * 200)
-    with pytest.raises(ConfigMismatchError, match=r"model\.attention\.0\._type: checkpoint 'LocalAttention'"):
-        lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2", "--attention", "dense"])
-    with pytest.raises(ConfigMismatchError, match=r"data\.path: .*other\.txt") as info:
-        lm.main(["--config", "micro", "--workdir", workdir, "--num_steps", "2", "--text", str(tmp_path / "other.txt")])
-    assert "corpus.train_crc32" in str(info.value)
-    with pytest.raises(ConfigMismatchError, match="train.num_steps: checkpoint 2 != now 3"):
-        lm.main(["--config", "micro", "--workdir", workdir])
+
+    def refused(*argv) -> str:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            lm.main(["--config", "micro", "--workdir", workdir, *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1, err
+        return err[0]
+
+    assert re.search(r"model\.attention\.0\._type: checkpoint 'LocalAttention'",
+                     refused("--num_steps", "2", "--attention", "dense"))
+    err = refused("--num_steps", "2", "--text", str(tmp_path / "other.txt"))
+    assert re.search(r"data\.path: .*other\.txt", err) and "corpus.train_crc32" in err
+    assert "train.num_steps: checkpoint 2 != now 3" in refused()
     summary = lm.main(["--config", "micro", "--workdir", workdir, "--allow_change", "train.num_steps"])
     assert summary["step"] == 3

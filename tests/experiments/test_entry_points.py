@@ -1,0 +1,75 @@
+"""Every `python -m experiments....` command speaks to people: `--help` shows what it runs and what it writes, and a
+bad argument or a missing work directory is one line on stderr, exit status 2, no traceback."""
+
+import importlib
+import pathlib
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import experiments
+
+ROOT = pathlib.Path(__file__).parents[2]
+
+
+def _entry_points() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(experiments.__path__, "experiments."):
+        path = ROOT / (info.name.replace(".", "/") + ("/__init__.py" if info.ispkg else ".py"))
+        if not info.ispkg and not info.name.endswith("__main__") and '__name__ == "__main__"' in path.read_text():
+            names.append(info.name)
+    return sorted(names)
+
+
+ENTRY_POINTS = _entry_points()
+REQUIRED = {"experiments.lm.label_phase_switch": ["--checkpoint", "1", "--steps", "1", "--batches", "0", "1",
+                                                 "--out", "x.json"]}
+WORKDIR_TAKERS = ("experiments.evaluate", "experiments.generate", "experiments.lm.label_capacity",
+                  "experiments.lm.label_phase_switch")
+
+
+def test_every_study_is_an_entry_point():
+    for name in ("experiments.lm.train", "experiments.retrieval.train", "experiments.classification.train",
+                 "experiments.gpu.session", "experiments.reports.results", "experiments.benchmarks.attention",
+                 *WORKDIR_TAKERS):
+        assert name in ENTRY_POINTS
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_help_says_what_it_runs_and_writes(name, capsys):
+    module = importlib.import_module(name)
+    with pytest.raises(SystemExit) as info:
+        module.main(["--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    assert module.__doc__.strip().splitlines()[0] in out and "Writes:" in out, out
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_a_bad_argument_is_one_line(name, capsys):
+    module = importlib.import_module(name)
+    with pytest.raises(SystemExit) as info:
+        module.main(["--no_such_flag"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"python -m {name}: error: "), err
+
+
+@pytest.mark.parametrize("name", WORKDIR_TAKERS)
+def test_a_missing_workdir_is_one_line_naming_it(name, capsys, tmp_path):
+    missing = str(tmp_path / "no_such_run")
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(name).main(["--workdir", missing, *REQUIRED.get(name, [])])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and missing in err, err
+
+
+def test_the_command_line_prints_one_line_and_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.generate", "--workdir", str(tmp_path / "missing")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.strip().splitlines() == [f"python -m experiments.generate: error: "
+                                                f"{proc.stderr.split('error: ', 1)[1].strip()}"]
+    assert str(tmp_path / "missing") in proc.stderr
