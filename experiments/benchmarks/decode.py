@@ -26,20 +26,22 @@ from flax import nnx
 
 from sparse_attn.decode import LMDecoder
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules import AnchorAttentionConfig, DenseAttention, LabelAttentionConfig, LocalAttention
+from sparse_attn.modules import DenseAttention, LocalAttention
 from sparse_attn.studies import cli
+from sparse_attn.studies.mechanisms import Context, attention_config
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 WINDOW = 256
 
 
-def mechanisms(window: int) -> dict:
+def mechanisms(window: int, n: int = 1 << 16) -> dict:
+    ctx = Context(seq_len=n, window=window)
     return {
         "dense": DenseAttention(),
         "local": LocalAttention(radius=window),
-        "labels": LabelAttentionConfig(radius=window, landmark_every=window, phase="hard"),
+        "labels": attention_config("labels", ctx, landmark_every=window, phase="hard"),
         # fixed anchors every `window` tokens, zones capped at the same length
-        "abca": AnchorAttentionConfig(placement="fixed", interval=window, max_zone=window),
+        "abca": attention_config("abca_fixed", ctx),
     }
 
 

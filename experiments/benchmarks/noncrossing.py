@@ -22,14 +22,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.studies import bench as benchlib
 from sparse_attn.studies import cli
+from sparse_attn.studies.mechanisms import Context, attention_config
 
 
 def noncrossing_core(n: int, args, router: str):
     """(fn, args, stats) for the routing core at length n."""
-    cfg = NoncrossingAttentionConfig(
+    cfg = attention_config(
+        "noncrossing_defect", Context(seq_len=n, window=n),
         router=router,
         num_route_layers=args.route_layers,
         router_dim=args.router_dim,

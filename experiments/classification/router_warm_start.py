@@ -35,10 +35,11 @@ from sparse_attn.data.tasks.dyck import Dyck
 from sparse_attn.data.tasks.listops import CLOSE, ListOps
 from sparse_attn.models import TransformerClassifier, TransformerConfig
 from sparse_attn.modules import DenseAttention, LocalAttention
-from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttention
 from sparse_attn.modules.noncrossing.warm_start import bracket_matching
 from sparse_attn.patterns.noncrossing import diagram_np
 from sparse_attn.studies import cli
+from sparse_attn.studies.mechanisms import Context, attention_config
 from sparse_attn.studies.warm_start import adam_step, dyck_batches, fit_router, layer0_features
 
 
@@ -129,7 +130,7 @@ ARMS = ("cold", "warm", "dense", "local")
 def arm_config(arm: str, task: Dyck, depth: int, width: int, radius: int) -> TransformerConfig:
     """The same classifier for every arm; only the attention differs (cold and warm: non-crossing, T = depth)."""
     att = {"dense": DenseAttention(), "local": LocalAttention(radius=radius)}.get(
-        arm, NoncrossingAttentionConfig(num_route_layers=depth))
+        arm, attention_config("noncrossing_defect", Context.classifier(task.seq_len), num_route_layers=depth))
     return TransformerConfig(vocab_size=task.vocab_size, model_dim=width, num_heads=2, num_layers=2,
                              mlp_dim=2 * width, attention=att, num_classes=2)
 

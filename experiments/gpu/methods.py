@@ -16,6 +16,7 @@ import sparse_attn.kernels as kernels
 from sparse_attn.attention import available_implementations, default_implementation
 from sparse_attn.patterns import baselines
 from sparse_attn.patterns.intervals import Intervals
+from sparse_attn.studies.mechanisms import Context, attention_config
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 TOL = {"float32": 2e-4, "bfloat16": 3e-2}
@@ -177,11 +178,11 @@ def labels_method(p: Plan, n: int, d: int, impl: str | None) -> Method:
     """The label module's router and hard-phase `label_core` (window `label_radius`, 3 of 32 labels)."""
     from flax import nnx
 
-    from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig, label_core
+    from sparse_attn.modules.labels import INFERENCE_STEP, label_core
     from sparse_attn.patterns.labels.base_graph import BaseGraph
 
-    cfg = LabelAttentionConfig(num_labels=32, top_k=3, radius=p.label_radius, landmark_every=0, phase="hard",
-                               implementation=impl, rope_base=None)  # fmt: skip
+    cfg = attention_config("labels", Context(seq_len=n, window=p.label_radius), num_labels=32, top_k=3,
+                           landmark_every=0, phase="hard", implementation=impl, rope_base=None)  # block 128, soft 64
     module = cfg.make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(module.router, nnx.Param)
     base = BaseGraph(radius=p.label_radius, landmark_every=0, causal=True)
@@ -200,9 +201,8 @@ def routing_method(p: Plan, n: int, d: int, impl: str | None) -> Method:
     """The non-crossing module's `core` (defect-pair router, T = 10, key rows [self, top, bottom])."""
     from flax import nnx
 
-    from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
-
-    cfg = NoncrossingAttentionConfig(implementation=impl, rope_base=None)
+    cfg = attention_config("noncrossing_defect", Context(seq_len=n, window=n), implementation=impl,
+                           rope_base=None)
     module = cfg.make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(module, nnx.Param)
     x = jax.random.normal(jax.random.key(3), (1, n, p.heads * d), jnp.float32).astype(jnp.bfloat16)

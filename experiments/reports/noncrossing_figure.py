@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sparse_attn.modules.noncrossing import NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.warm_start import bracket_matching, bracket_targets, warm_start_loss
 from sparse_attn.patterns.noncrossing import diagram_np, stats
 from sparse_attn.studies import cli
+from sparse_attn.studies.mechanisms import Context, attention_config
 from sparse_attn.studies.warm_start import adam_step
 
 T = 4
@@ -52,7 +52,8 @@ def matching(seq: str) -> list[tuple[int, int]]:
 def fit_router(model_dim: int, n: int, steps: int, seed: int):
     """A one-head router on '(' / ')' embeddings, fitted by the warm start's loss on random Dyck strings."""
     rngs = nnx.Rngs(seed)
-    module = NoncrossingAttentionConfig(num_route_layers=T, rope_base=None).make(model_dim, 1, rngs=rngs)
+    module = attention_config("noncrossing_defect", Context(seq_len=n, window=n), num_route_layers=T,
+                              rope_base=None).make(model_dim, 1, rngs=rngs)
     embed = nnx.Embed(2, model_dim, rngs=rngs)
     rng = np.random.default_rng(seed)
 

@@ -1,7 +1,7 @@
 """The mechanisms an experiment can name, as one registry: `--attention local,dense` in every study runner.
 
     register_mechanism("strided", lambda ctx: StridedAttentionConfig(stride=ctx.window), encoder=False)
-    attention_config("strided", Context(seq_len=256))   # -> the config one layer runs
+    attention_config("strided", Context.lm(256))          # -> the config one layer runs
     parse_names("local,dense", num_layers=2)            # -> ("local", "dense")
 
 A factory reads a `Context` (sequence length, the window it scales with, the task's anchors, the implementation)
@@ -162,10 +162,10 @@ def _builtins():
     reg("labels", lambda c: LabelAttentionConfig(radius=c.window, block=min(128, c.seq_len),
                                                  soft_block=min(64, c.seq_len)))
     reg("abca", _abca)
-    reg("abca_fixed", lambda c: AnchorAttentionConfig(placement="fixed", interval=c.window, max_zone=c.window),
-        causal=False)
+    reg("abca_fixed", lambda c: AnchorAttentionConfig(placement="fixed", interval=c.window, max_zone=c.window,
+                                                      implementation=impl(c)))
     reg("abca_learned", lambda c: AnchorAttentionConfig(placement="learned", boundary_ids=c.anchors.boundary_ids,
-                                                        max_zone=c.window), causal=False)
+                                                        max_zone=c.window, implementation=impl(c)))
     for router in ("defect", "brick", "adjacent"):
         full = {"defect": "defect_pair", "brick": "brick_wall", "adjacent": "adjacent_topk"}[router]
         reg(f"noncrossing_{router}", lambda c, r=full: NoncrossingAttentionConfig(router=r), causal=False)
