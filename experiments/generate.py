@@ -3,7 +3,7 @@
     .venv/bin/python -m experiments.generate --workdir runs/lm_smoke --prompt "def " --num_tokens 200 \
         --temperature 0.8 --top_k 40 --seed 0
 
-Restores the latest checkpoint (or `--step`) with the config stored in it (`experiments/evaluate.py`), prefills the
+Restores the latest checkpoint (or `--step`) with the config stored in it (`sparse_attn/studies/restore.py`), prefills the
 prompt and samples one byte at a time under `jit` with static cache shapes, streaming the text to stdout. Decoding
 uses the checkpoint's train step, so step-scheduled layers decode in the phase they were trained in (label
 attention decodes its hard phase; a warning says so when the checkpoint is still in an earlier phase). Reports
@@ -22,9 +22,9 @@ import sys
 import jax
 import numpy as np
 
-from experiments.evaluate import CheckpointError, restore
 from sparse_attn.decode import LMDecoder
 from sparse_attn.studies import cli
+from sparse_attn.studies.restore import CheckpointError, restore
 
 
 def encode(prompt: str) -> np.ndarray:

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from experiments import evaluate
 from experiments.lm import configs as lm_configs
 from sparse_attn.data import RandomWindows, eval_batches
 from sparse_attn.executors.labels.bucketed import bucketed_attention
@@ -31,6 +30,7 @@ from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttention, calibrate
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.studies import cli
+from sparse_attn.studies.restore import restore
 
 
 def label_inputs(model, tokens_BxN):
@@ -120,7 +120,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
 
-    run = evaluate.restore(args.workdir)
+    run = restore(args.workdir)
     model, tc = run.model, run.train
     corpus = lm_configs.smoke().data.load()
     shard = dict(global_batch=tc.global_batch, seq_len=tc.seq_len, process_index=0, process_count=1)
