@@ -1,5 +1,5 @@
-"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train | decode; no import
-cycles between the package's modules; no import of the package's own modules hidden inside a function or a
+"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train | decode ->
+studies; no import cycles between the package's modules; no import of the package's own modules hidden inside a function or a
 conditional (a lazy import is how a cycle hides)."""
 
 import ast
@@ -18,6 +18,7 @@ RANK = {
     "models": 5,
     "train": 6,
     "decode": 6,  # beside train: above modules and models, below experiments
+    "studies": 7,  # what the experiments share: above everything else in the library
 }
 
 

@@ -3,6 +3,7 @@
 from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig
 from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig
+from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
     DenseAttention,
@@ -10,7 +11,6 @@ from sparse_attn.modules.pattern_attention import (
     LongformerAttention,
     PatternAttention,
 )
-from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 
 __all__ = [
     "AnchorAttention",

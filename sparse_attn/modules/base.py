@@ -69,6 +69,24 @@ class AttentionConfig(Protocol):
 COMMON_STATS = ("keys_per_query", "attn_flops_vs_dense")
 
 
+# A mechanism's config knows nothing of its module (no import circle config <-> module): its `make()` builds the
+# module class its module file registered for the config's type.
+_MODULES: dict[type, type] = {}
+
+
+def register_module(config_type: type, module_type: type) -> None:
+    """`config.make(model_dim, num_heads, rngs=...)` of a `config_type` builds `module_type(config, ...)`."""
+    _MODULES[config_type] = module_type
+
+
+def build_module(config, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
+    module_type = _MODULES.get(type(config))
+    if module_type is None:
+        raise ValueError(f"no module registered for {type(config).__name__} (its module file calls "
+                         "register_module when the package is imported)")
+    return module_type(config, model_dim, num_heads, rngs=rngs)
+
+
 def keys_per_query(keys_BxHxN: jax.Array, valid_len_B: jax.Array) -> jax.Array:
     """float32: keys attended per query in this forward (self included when allowed), the mean over valid queries
     and heads. `keys_BxHxN` broadcasts over batch and heads ([B|1, H|1, N]); entries at padded queries are ignored.

@@ -8,7 +8,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.modules.abca.core import check_options
-from sparse_attn.modules.abca.module import AnchorAttention
+from sparse_attn.modules.base import build_module
 
 PLACEMENTS = ("explicit", "fixed", "learned")
 
@@ -73,5 +73,6 @@ class AnchorAttentionConfig:
             slot_width=self.slot_width,
         )
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
-        return AnchorAttention(self, model_dim, num_heads, rngs=rngs)
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        """The `AnchorAttention` layer (registered by its module file)."""
+        return build_module(self, model_dim, num_heads, rngs=rngs)

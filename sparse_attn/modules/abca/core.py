@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.attention import attention, available_implementations, default_implementation
-from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca import anchors
+from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from typing import TYPE_CHECKING
-
 from flax import nnx
 
 from sparse_attn.executors.abca.anchors import AnchorProjections
+from sparse_attn.modules.abca.config import AnchorAttentionConfig
 from sparse_attn.modules.abca.core import run_abca_core
 from sparse_attn.modules.abca.stats import abca_stats
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, register_module
 from sparse_attn.patterns import abca
-
-if TYPE_CHECKING:  # the config builds this module (`make`), so the module imports it for annotations only
-    from sparse_attn.modules.abca.config import AnchorAttentionConfig
 
 
 class AnchorAttention(nnx.Module):
@@ -113,3 +109,6 @@ class AnchorAttention(nnx.Module):
         stats = jax.tree.map(jax.lax.stop_gradient, stats)
         aux_losses = {} if aux is None else {"placement": aux}
         return AttentionOutput(y=y, aux_losses=aux_losses, stats=stats)
+
+
+register_module(AnchorAttentionConfig, AnchorAttention)

@@ -8,7 +8,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.attention import available_implementations
-from sparse_attn.modules.labels.module import LabelAttention
+from sparse_attn.modules.base import build_module
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import position, schedule
 from sparse_attn.patterns.labels.pattern import LabelPattern
@@ -146,5 +146,6 @@ class LabelAttentionConfig:
                                      anneal=self.anneal_steps or max(soft, 1))
         return schedule.Schedule.resolve(num_steps, **self.fractions)
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
-        return LabelAttention(self, model_dim, num_heads, rngs=rngs)
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        """The `LabelAttention` layer (registered by its module file)."""
+        return build_module(self, model_dim, num_heads, rngs=rngs)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, register_module
+from sparse_attn.modules.labels.config import LabelAttentionConfig
 from sparse_attn.modules.labels.core import label_core, planned_reach
 from sparse_attn.modules.labels.router import LabelRouter
 from sparse_attn.modules.labels.stats import label_stats
@@ -16,10 +15,6 @@ from sparse_attn.patterns.labels import losses, schedule
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.buckets import bucket_sizes
 from sparse_attn.patterns.labels.schedule import DEFAULT_NUM_STEPS
-
-if TYPE_CHECKING:  # the config builds this module (`make`), so the module imports it for annotations only
-    from sparse_attn.modules.labels.config import LabelAttentionConfig
-
 
 
 class LabelAttention(nnx.Module):
@@ -111,3 +106,6 @@ class LabelAttention(nnx.Module):
         stats.update(tau=aux["tau"], phase=aux["phase"].astype(jnp.float32), hard_weight=aux["hard_weight"])
         stats = {name: jax.lax.stop_gradient(val) for name, val in stats.items()}
         return AttentionOutput(y=self.proj.out(o), aux_losses=aux_losses, stats=stats)
+
+
+register_module(LabelAttentionConfig, LabelAttention)

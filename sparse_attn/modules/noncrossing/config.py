@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from flax import nnx
 
-from sparse_attn.modules.noncrossing.module import NoncrossingAttention
+from sparse_attn.modules.base import build_module
 
 ROUTERS = ("defect_pair", "brick_wall", "adjacent_topk")
 ROWS = ("self_top_bottom", "self_top", "through")
@@ -64,5 +64,6 @@ class NoncrossingAttentionConfig:
         if self.edge_mlp_dim is not None and self.edge_mlp_dim < 1:
             raise ValueError(f"edge_mlp_dim must be None or >= 1, got {self.edge_mlp_dim}")
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> NoncrossingAttention:
-        return NoncrossingAttention(self, model_dim, num_heads, rngs=rngs)
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        """The `NoncrossingAttention` layer (registered by its module file)."""
+        return build_module(self, model_dim, num_heads, rngs=rngs)

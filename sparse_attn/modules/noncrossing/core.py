@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,11 +20,9 @@ import numpy as np
 from sparse_attn.attention import attention
 from sparse_attn.executors.softmax import masked_softmax
 from sparse_attn.modules.noncrossing import routers
+from sparse_attn.modules.noncrossing.config import NoncrossingAttentionConfig
 from sparse_attn.patterns.neighbours import NeighbourList
 from sparse_attn.patterns.noncrossing import key_rows
-
-if TYPE_CHECKING:  # the config builds the module, which calls the core: the core reads the config's fields only
-    from sparse_attn.modules.noncrossing.config import NoncrossingAttentionConfig
 
 
 class RouterInputs(NamedTuple):

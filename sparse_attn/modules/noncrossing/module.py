@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, register_module
 from sparse_attn.modules.noncrossing import core as nc_core
+from sparse_attn.modules.noncrossing.config import NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.scorer import PairScorer
 from sparse_attn.modules.noncrossing.stats import noncrossing_stats
 from sparse_attn.patterns.neighbours import NeighbourList
-
-if TYPE_CHECKING:  # the config builds this module (`make`), so the module imports it for annotations only
-    from sparse_attn.modules.noncrossing.config import NoncrossingAttentionConfig
 
 
 class NoncrossingAttention(nnx.Module):
@@ -91,3 +88,6 @@ class NoncrossingAttention(nnx.Module):
         q, k, v = self.proj.qkv(x_BxNxD)
         o, st = self.core(x_BxNxD, q, k, v, valid_len)
         return AttentionOutput(y=self.proj.out(o), stats=jax.tree.map(jax.lax.stop_gradient, st))
+
+
+register_module(NoncrossingAttentionConfig, NoncrossingAttention)
