@@ -24,7 +24,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.executors.labels.bucketed import band_rows
+from sparse_attn.executors.labels.band import band_rows
 from sparse_attn.executors.labels.heads import merge_heads, split_heads
 from sparse_attn.executors.softmax import finite_rows, masked_softmax
 from sparse_attn.patterns.labels import bits as bits_lib
