@@ -20,7 +20,7 @@ class ClassifyConfig:
 
     Evaluation covers the first `num_validation` validation examples (`train.eval_batches` is not used).
     `router_warm_start` > 0 (Dyck, layer 0 a defect-pair router): fit layer 0's router to the bracket matching
-    for that many steps before task training (experiments/router_warm_start.py); rows say `<attention>+warm<steps>`.
+    for that many steps before task training (sparse_attn/studies/warm_start.py); rows say `<attention>+warm<steps>`.
     """
 
     name: str

@@ -12,7 +12,7 @@ Configs (each function's docstring has its command and expected result): `smoke`
 (CPU, minutes), `cpu` (the CPU grid of docs/results.md), `seed` (the seed's 6 x 256 encoder; a GPU job:
 experiments/gpu/classify.py). Pathfinder at n = 128 / 512 is an 11x11 / 22x22 image padded to n. The workdir gets the loop's `metrics.jsonl`,
 `checkpoints/` (re-running resumes), and `result.json`: validation accuracy (per depth/distance bucket for
-ListOps/Dyck), loss, training FLOPs (experiments/classify_metrics.py), compiled train-step memory, time per
+ListOps/Dyck), loss, training FLOPs (sparse_attn/studies/classification.py), compiled train-step memory, time per
 step, tokens/s and every layer's statistics. `--results FILE` also appends the result as one JSON line (the
 grid, `experiments/classification/grid.py`, and the report, `experiments/reports/results.py`, read those). The
 "valid" records of `metrics.jsonl` are batch means of sums (`correct`, `count`, ...): accuracy = correct / count.

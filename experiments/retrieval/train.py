@@ -7,7 +7,7 @@ retrieval (`sparse_attn.data.tasks.retrieval`), accuracy broken down by key-quer
     python -m experiments.retrieval --plot docs/img/retrieval.png --task recall --n 256 --budget 24 --config cpu
 
 The loss is the cross-entropy at the answer positions only (`loss_mask`). Variants and budgets as in
-`experiments/lm_budget.py`, except explicit-anchor ABCA (abca, abca_hs2, abca_global): the tasks have no newline to
+`sparse_attn/studies/budget.py`, except explicit-anchor ABCA (abca, abca_hs2, abca_global): the tasks have no newline to
 anchor on, so use abca_fixed (abca_learned runs, but its placement loss targets newlines, so it learns to place
 none and stays the fixed pattern of its cap). Each finished run appends one JSON line to `--results` (default
 experiments/results/retrieval.jsonl): accuracy per answer, per distance bucket (powers of two below n) and per

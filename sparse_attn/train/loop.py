@@ -1,7 +1,7 @@
 """The shared train loop: mesh -> model/opt -> shard -> restore -> step -> eval -> loop.
 
 Forkable by design: one function in banner-marked sections. Experiments supply the model
-factory, `loss_fn`, `eval_fn` and the data; see `experiments/lm.py`.
+factory, `loss_fn`, `eval_fn` and the data; see `experiments/lm/train.py`.
 """
 
 from __future__ import annotations
