@@ -32,7 +32,7 @@ from experiments.lm.configs import GRIDS, SCALES, LMConfig
 from sparse_attn.data import StdlibSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS, attention_for_budget, keys_per_query, newline_windows
+from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query, newline_windows
 from sparse_attn.studies.cells import (
     Cell,
     Scale,
@@ -43,7 +43,7 @@ from sparse_attn.studies.cells import (
     row_key,
     stats_curve,
 )
-from sparse_attn.studies.runs import git_commit, run_module
+from sparse_attn.studies.runs import git_commit, print_status, run_module
 from sparse_attn.train import TrainConfig, read_metrics
 
 RESULTS = os.path.join("experiments", "results", "lm.jsonl")
@@ -198,11 +198,8 @@ def main(argv=None) -> dict:
     if args.grid:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
                           time_limit_s=args.time_limit)
-        for cell, s in status.items():
-            print(f"{s:30s} {cell}")
-        return {"status": status}
-    if args.variant not in VARIANTS:
-        parser.error(f"unknown --variant {args.variant!r}; choose from {', '.join(VARIANTS)}")
+        return print_status(status)
+    check_variant(args.variant)
     cell = Cell(args.n, args.variant, args.budget, args.seed)
     command = "python -m experiments.lm.grid " + shlex.join(argv if argv is not None else sys.argv[1:])
     row = run_cell(args.config, cell, workdir=args.workdir or cell_workdir(args.runs_dir, args.config, cell),

@@ -35,9 +35,9 @@ from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS, attention_for_budget, keys_per_query
+from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
-from sparse_attn.studies.runs import git_commit, run_module
+from sparse_attn.studies.runs import git_commit, print_status, run_module
 from sparse_attn.train import train_and_evaluate as train_loop
 
 RESULTS = os.path.join("experiments", "results", "retrieval.jsonl")
@@ -252,11 +252,8 @@ def main(argv=None) -> dict:
     if args.grid:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
                           time_limit_s=args.time_limit, total_s=args.total_s, min_cell_s=args.min_cell_s)
-        for key, s in status.items():
-            print(f"{s:30s} {key}")
-        return {"status": status}
-    if args.variant not in VARIANTS:
-        parser.error(f"unknown --variant {args.variant!r}; choose from {', '.join(VARIANTS)}")
+        return print_status(status)
+    check_variant(args.variant)
     cell = Cell(args.n, args.variant, args.budget, args.seed)
     workdir = args.workdir or os.path.join(args.runs_dir, args.config,
                                            f"{args.task}_n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")

@@ -108,6 +108,13 @@ VARIANTS: dict[str, Variant | None] = {
 }
 
 
+def check_variant(name: str) -> str:
+    """`name` if it is a budget-matched variant (`VARIANTS`), else a ValueError listing them."""
+    if name not in VARIANTS:
+        raise ValueError(f"unknown --variant {name!r}; choose from {', '.join(VARIANTS)}")
+    return name
+
+
 def _abca_keys(cfg: AnchorAttentionConfig, n: int, tokens_BxN) -> float:
     if cfg.placement == "explicit":
         if tokens_BxN is None:

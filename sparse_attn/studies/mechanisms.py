@@ -19,15 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from sparse_attn.modules import (
-    AnchorAttentionConfig,
-    BigBirdAttention,
-    DenseAttention,
-    LabelAttentionConfig,
-    LocalAttention,
-    LongformerAttention,
-    NoncrossingAttentionConfig,
-)
+from sparse_attn import modules as m
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -145,30 +137,30 @@ def _abca(ctx: Context):
     """Explicit anchors at the task's anchor token (fixed every `anchors.interval` if it has none)."""
     a, w = ctx.anchors, ctx.window
     if a.anchor_id is not None:
-        return AnchorAttentionConfig(placement="explicit", anchor_id=a.anchor_id, vocab_size=a.vocab_size,
+        return m.AnchorAttentionConfig(placement="explicit", anchor_id=a.anchor_id, vocab_size=a.vocab_size,
                                      max_zone=w, implementation=ctx.implementation)
-    return AnchorAttentionConfig(placement="fixed", interval=min(a.interval or w, w), max_zone=w,
+    return m.AnchorAttentionConfig(placement="fixed", interval=min(a.interval or w, w), max_zone=w,
                                  implementation=ctx.implementation)
 
 
 def _builtins():
     impl = lambda c: c.implementation  # noqa: E731
     reg = register_mechanism
-    reg("dense", lambda c: DenseAttention(implementation=impl(c)))
-    reg("local", lambda c: LocalAttention(radius=c.window, implementation=impl(c)))
-    reg("longformer", lambda c: LongformerAttention(radius=c.window, num_global=1, implementation=impl(c)))
-    reg("bigbird", lambda c: BigBirdAttention(radius=c.window, num_global=1, num_random=1,
+    reg("dense", lambda c: m.DenseAttention(implementation=impl(c)))
+    reg("local", lambda c: m.LocalAttention(radius=c.window, implementation=impl(c)))
+    reg("longformer", lambda c: m.LongformerAttention(radius=c.window, num_global=1, implementation=impl(c)))
+    reg("bigbird", lambda c: m.BigBirdAttention(radius=c.window, num_global=1, num_random=1,
                                               block=min(32, c.seq_len), implementation=impl(c)))
-    reg("labels", lambda c: LabelAttentionConfig(radius=c.window, block=min(128, c.seq_len),
+    reg("labels", lambda c: m.LabelAttentionConfig(radius=c.window, block=min(128, c.seq_len),
                                                  soft_block=min(64, c.seq_len)))
     reg("abca", _abca)
-    reg("abca_fixed", lambda c: AnchorAttentionConfig(placement="fixed", interval=c.window, max_zone=c.window,
+    reg("abca_fixed", lambda c: m.AnchorAttentionConfig(placement="fixed", interval=c.window, max_zone=c.window,
                                                       implementation=impl(c)))
-    reg("abca_learned", lambda c: AnchorAttentionConfig(placement="learned", boundary_ids=c.anchors.boundary_ids,
+    reg("abca_learned", lambda c: m.AnchorAttentionConfig(placement="learned", boundary_ids=c.anchors.boundary_ids,
                                                         max_zone=c.window, implementation=impl(c)))
     for router in ("defect", "brick", "adjacent"):
         full = {"defect": "defect_pair", "brick": "brick_wall", "adjacent": "adjacent_topk"}[router]
-        reg(f"noncrossing_{router}", lambda c, r=full: NoncrossingAttentionConfig(router=r), causal=False)
+        reg(f"noncrossing_{router}", lambda c, r=full: m.NoncrossingAttentionConfig(router=r), causal=False)
 
 
 _builtins()

@@ -37,3 +37,10 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def print_status(status: dict) -> dict:
+    """One line per grid cell: how it ended, then the cell; returns `{"status": status}` (a grid's result)."""
+    for cell, how in status.items():
+        print(f"{how:30s} {cell}")
+    return {"status": status}

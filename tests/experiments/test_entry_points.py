@@ -37,33 +37,30 @@ def test_every_study_is_an_entry_point():
         assert name in ENTRY_POINTS
 
 
-@pytest.mark.parametrize("name", ENTRY_POINTS)
-def test_help_says_what_it_runs_and_writes(name, capsys):
-    module = importlib.import_module(name)
+def _exit(name: str, argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `python -m name argv`, run in-process."""
     with pytest.raises(SystemExit) as info:
-        module.main(["--help"])
-    out = capsys.readouterr().out
-    assert info.value.code == 0
-    assert module.__doc__.strip().splitlines()[0] in out and "Writes:" in out, out
+        importlib.import_module(name).main(argv)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)
-def test_a_bad_argument_is_one_line(name, capsys):
-    module = importlib.import_module(name)
-    with pytest.raises(SystemExit) as info:
-        module.main(["--no_such_flag"])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+def test_help_and_a_bad_argument(name, capsys):
+    """--help: the docstring (what it runs) with its Writes: line; an unknown flag: one line, exit status 2."""
+    code, out, _ = _exit(name, ["--help"], capsys)
+    first_line = importlib.import_module(name).__doc__.strip().splitlines()[0]
+    assert code == 0 and first_line in out and "Writes:" in out, out
+    code, _, err = _exit(name, ["--no_such_flag"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith(f"python -m {name}: error: "), err
 
 
 @pytest.mark.parametrize("name", WORKDIR_TAKERS)
 def test_a_missing_workdir_is_one_line_naming_it(name, capsys, tmp_path):
     missing = str(tmp_path / "no_such_run")
-    with pytest.raises(SystemExit) as info:
-        importlib.import_module(name).main(["--workdir", missing, *REQUIRED.get(name, [])])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and missing in err, err
+    code, _, err = _exit(name, ["--workdir", missing, *REQUIRED.get(name, [])], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and missing in err, err
 
 
 def test_the_command_line_prints_one_line_and_exits_2(tmp_path):
