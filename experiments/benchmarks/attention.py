@@ -155,14 +155,10 @@ def main(argv=None):
         default=["xla", "pallas"] if accel else ["xla"],
         help="executors to time; 'pallas' on CPU runs in interpret mode (keep n <= 1024)",
     )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--radius", type=int, default=128)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out-dir", default="experiments/results")
-    p.add_argument("--tag", default="bench_attention")
+    benchlib.add_timing_args(p, tag="bench_attention", batch=1, heads=4)
     args = p.parse_args(argv)
     for impl in args.impls:
         if impl not in sparse_attn.available_implementations():

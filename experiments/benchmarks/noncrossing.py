@@ -106,16 +106,12 @@ def main(argv=None):
     p.add_argument(
         "--routers", nargs="+", default=["defect_pair"], choices=["defect_pair", "brick_wall", "adjacent_topk"]
     )
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--model-dim", type=int, default=256)
     p.add_argument("--route-layers", type=int, default=4)
     p.add_argument("--router-dim", type=int, default=8)
     p.add_argument("--doubled", action="store_true")
     p.add_argument("--dense-max-n", type=int, default=4096)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out-dir", default="experiments/results")
-    p.add_argument("--tag", default="bench_noncrossing")
+    benchlib.add_timing_args(p, tag="bench_noncrossing", batch=1, heads=4)
     args = p.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     command = "python -m experiments.benchmarks.noncrossing " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -60,9 +60,8 @@ def measure(name: str, mode: str, args, batches) -> dict:
 def main(argv=None) -> dict:
     p = cli.ArgumentParser(__doc__)
     p.add_argument("--seq_len", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=5)
+    benchlib.add_timing_args(p, out_dir=None, batch=8)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--mechanisms", default="local,longformer,bigbird")
     p.add_argument("--out", default="experiments/results")

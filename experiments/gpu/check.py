@@ -48,6 +48,7 @@ import traceback
 import jax
 import jax.numpy as jnp
 
+from experiments.gpu import measure
 from experiments.gpu.measure import (
     _ABANDONED,
     check_cases,
@@ -220,13 +221,10 @@ def markdown(rows: list[dict], common: dict, p: Plan) -> str:
 def main(argv=None) -> list[dict]:
     t_start = time.perf_counter()
     ap = cli.ArgumentParser(__doc__)
-    ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
-    ap.add_argument("--budget-s", type=float, help="no row starts after this many seconds (default 300)")
+    measure.add_run_args(ap, out=RESULTS)
     ap.add_argument("--check-reserve-s", type=float, help="seconds of the budget kept for correctness (default 70)")
-    ap.add_argument("--compile-limit-s", type=float, help="abandon a compile after this long (default 30)")
     ap.add_argument("--only", nargs="+", help="run only rows whose method starts with one of these")
     ap.add_argument("--skip-checks", action="store_true", help="timings only")
-    ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     p = plan(args.dry_run, args.budget_s)
     if args.check_reserve_s is not None:
@@ -234,8 +232,7 @@ def main(argv=None) -> list[dict]:
     if args.compile_limit_s is not None:
         p = dataclasses.replace(p, compile_limit_s=args.compile_limit_s)
     log = lambda s: print(f"[{time.perf_counter() - t_start:6.1f}s] {s}", flush=True)  # noqa: E731
-    if not args.dry_run and jax.default_backend() != "gpu":
-        raise SystemExit("no GPU: run with --dry-run (CPU, interpret mode) instead")
+    measure.require_gpu(args.dry_run)
     if args.dry_run and os.path.abspath(args.out) == os.path.abspath(RESULTS):
         raise SystemExit("--dry-run rows are not results: pass --out to a scratch directory")
     dev = jax.devices()[0]

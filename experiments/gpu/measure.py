@@ -168,3 +168,16 @@ def check_row(p: Plan, name: str, d: int, dtype, limit_s: float) -> dict:
 # -- the run ----------------------------------------------------------------------------------------------------
 
 
+def add_run_args(ap, *, out: str | None, budget_s: float | None = None, compile_limit_s: float | None = None) -> None:
+    """The flags the check and the tile sweep share (None: the plan's default; `out=None`: --out is required)."""
+    ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
+    ap.add_argument("--budget-s", type=float, default=budget_s,
+                    help=f"no row starts after this many seconds (default {budget_s or 'the plan: 300'})")
+    ap.add_argument("--compile-limit-s", type=float, default=compile_limit_s,
+                    help=f"abandon a compile after this long (default {compile_limit_s or 'the plan: 30'})")
+    ap.add_argument("--out", default=out, required=out is None, help="directory of the .jsonl rows and .md table")
+
+
+def require_gpu(dry_run: bool) -> None:
+    if not dry_run and jax.default_backend() != "gpu":
+        raise SystemExit("no GPU: run with --dry-run (CPU, interpret mode) instead")

@@ -129,13 +129,9 @@ def markdown(rows: list[dict], common: dict, p: check_methods.Plan | None = None
 def main(argv=None) -> list[dict]:
     t_start = time.perf_counter()
     ap = cli.ArgumentParser(__doc__)
-    ap.add_argument("--dry-run", action="store_true", help="CPU, interpret mode, tiny sizes")
-    ap.add_argument("--budget-s", type=float, default=200, help="no row starts after this many seconds")
-    ap.add_argument("--compile-limit-s", type=float, default=30, help="abandon a compile after this long")
-    ap.add_argument("--out", required=True, help="directory of gpu_tune.jsonl and gpu_tune.md")
+    measure.add_run_args(ap, out=None, budget_s=200, compile_limit_s=30)
     args = ap.parse_args(argv)
-    if not args.dry_run and jax.default_backend() != "gpu":
-        raise SystemExit("no GPU: run with --dry-run (CPU, interpret mode) instead")
+    measure.require_gpu(args.dry_run)
     p = dataclasses.replace(check_methods.plan(args.dry_run, args.budget_s), compile_limit_s=args.compile_limit_s)
     head_dims = (32,) if args.dry_run else (64, 128)
     dev = jax.devices()[0]

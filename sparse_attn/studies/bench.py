@@ -159,3 +159,18 @@ def plot_rows(rows: list[Row], path: str, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def add_timing_args(parser, *, repeats: int = 5, out_dir: str | None = "experiments/results", tag: str | None = None,
+                    batch: int | None = None, heads: int | None = None) -> None:
+    """The flags every benchmark script shares: `--repeats` (timed calls, median), `--out-dir` and `--tag` (where the
+    table and rows go), and the batch and head counts where given."""
+    if batch is not None:
+        parser.add_argument("--batch", type=int, default=batch)
+    if heads is not None:
+        parser.add_argument("--heads", type=int, default=heads)
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed calls per measurement (median)")
+    if out_dir is not None:
+        parser.add_argument("--out-dir", default=out_dir, help="where the table (.md) and rows (.json) go")
+    if tag is not None:
+        parser.add_argument("--tag", default=tag, help="file name of the table and rows")
