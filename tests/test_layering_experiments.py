@@ -118,3 +118,11 @@ def test_the_listing_stays_small():
     long = [f"{p.relative_to(ROOT)}: {n}" for top in ("sparse_attn", "experiments", "tests") for p in _files(top)
             if (n := len(p.read_text().splitlines())) > 400]
     assert not long, "files over 400 lines:\n" + "\n".join(long)
+
+
+def test_every_folder_has_a_readme_with_its_configs_table():
+    for folder in sorted(p for p in (ROOT / "experiments").iterdir() if p.is_dir() and p.name in RANK):
+        readme = folder / "README.md"
+        assert readme.exists(), f"experiments/{folder.name}/ has no README.md"
+        heads = [line.lower() for line in readme.read_text().splitlines() if line.startswith("|")]
+        assert any(all(w in h for w in ("command", "hardware", "expected")) for h in heads), readme
