@@ -63,16 +63,29 @@ COLUMNS = """### Columns
   implementation that stores one score per allowed pair. **peak MiB**: XLA's compiled memory analysis of the
   whole train step (arguments + outputs − aliased + temporaries), with its ratio to dense.
 * **train FLOP**: total training FLOPs, 6 · params · tokens for projections and MLPs plus 3 × each layer's
-  forward attention FLOPs from its pattern (experiments/classify_metrics.py).
+  forward attention FLOPs from its pattern (sparse_attn/studies/classification.py).
 * **ms/step**: wall clock of the training loop (evaluations included) and **load**: the 1-minute load average
   sampled every 5 s during the cell (experiments/classification/grid.py). On the shared CPU machine both vary with
   the other jobs: compare times only at similar load.
 * **layer statistics**: per layer, keys per query and, where the mechanism reports them, ABCA anchors per
   sequence, zone size and inserted anchors, label attention's degree and disconnected fraction, routing's
   surviving arcs; every statistic is in the JSONL rows.
-* **command**: the command of the row's first seed (`--seed` selects the others); the rows also hold the commit
-  the code was taken from (`git_commit`).
+* **command**: the command of the row's first seed (`--seed` selects the others), under the script's current
+  module name (rows from before the experiments/ folders recorded `experiments.classify`; the flags are the same);
+  the rows also hold the commit the code was taken from (`git_commit`).
 """
+
+
+# Old module name -> current, for the commands rows recorded before the scripts moved into folders (issue 36).
+MOVED = {"python -m experiments.classify ": "python -m experiments.classification "}
+
+
+def current_command(command: str) -> str:
+    """`command` as recorded, its module renamed to the one that runs it now."""
+    for old, new in MOVED.items():
+        if command.startswith(old):
+            return new + command[len(old):]
+    return command
 
 
 def load_rows(results_dir: str) -> list[dict]:
@@ -194,7 +207,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "curve": _mean_curve(runs),
             "steps": runs[0].get("steps"), "backend": runs[0].get("backend", "?"),
             "commits": sorted({str(r["git_commit"]) for r in runs if r.get("git_commit")}),
-            "command": runs[0].get("command", ""),
+            "command": current_command(runs[0].get("command", "")),
             "chance": majority(task, n, runs[0].get("num_validation")),
             "delta": None, "peak_ratio": None, "delta_std": None,
         })

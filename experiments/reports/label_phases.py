@@ -112,7 +112,10 @@ def main(argv=None):
                              "difference, net of batch difficulty and of the trend (`step_fit`)")
     args = parser.parse_args(argv)
     if args.seed_pairs:
-        result = paired_over_seeds([tuple(p.split(":")) for p in args.seed_pairs])
+        pairs = [tuple(p.split(":")) for p in args.seed_pairs]
+        if any(len(pair) != 2 or not all(pair) for pair in pairs):
+            parser.error(f"--seed_pairs: each pair is RUN:REFERENCE, got {' '.join(args.seed_pairs)}")
+        result = paired_over_seeds(pairs)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print({k: {m: round(x, 4) for m, x in v.items() if x is not None} for k, v in result["paired_steps"].items()},

@@ -202,6 +202,12 @@ def _groups(rows: list[dict], key) -> dict[tuple, list[dict]]:
     return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])))
 
 
+def require_dir(flag: str, path: str) -> None:
+    """A directory of result rows named on the command line must be there (rather than render empty sections)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{flag} {path}: no such directory")
+
+
 def _images(paths: list[str], out: str) -> str:
     base = os.path.dirname(os.path.abspath(out))
     return " ".join(f"![{os.path.basename(p)}]({os.path.relpath(os.path.abspath(p), base)})" for p in paths)
@@ -228,6 +234,7 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--out", default=os.path.join("docs", "results.md"))
     parser.add_argument("--plots_dir", default=os.path.join("docs", "img"))
     args = parser.parse_args(argv)
+    require_dir("--results_dir", args.results_dir)
     written = render(args.results_dir, args.out, plots_dir=args.plots_dir)
     print(f"wrote the {' and '.join(written) or 'no'} section(s) of {args.out}")
     return written

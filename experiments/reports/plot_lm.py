@@ -152,6 +152,8 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--out", required=True, help="path prefix of the PNG files")
     args = parser.parse_args(argv)
+    if not os.path.isfile(args.results):
+        raise FileNotFoundError(f"--results {args.results}: no such file")
     rows = read_rows(args.results)
     paths = plot(rows, args.config, args.n, args.out)
     paths += [p for p in [plot_stats(rows, args.config, args.n, args.out)] if p]

@@ -100,6 +100,9 @@ def main(argv=None) -> list[str]:
     parser.add_argument("--note", default="", help="a paragraph under the status line (machine, load, caveats)")
     parser.add_argument("--note_file", help=f"read the note from this file (default: <results_dir>/{NOTE_FILE})")
     args = parser.parse_args(argv)
+    report_lm.require_dir("--results_dir", args.results_dir)
+    if args.note_file and not os.path.isfile(args.note_file):
+        raise FileNotFoundError(f"--note_file {args.note_file}: no such file")
     note = args.note
     note_file = args.note_file or os.path.join(args.results_dir, NOTE_FILE)
     if not note and os.path.exists(note_file):

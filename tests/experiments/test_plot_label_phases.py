@@ -4,6 +4,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 
 from experiments.reports import label_phases as plp
 from sparse_attn.train.reporting import METRICS_FILE
@@ -41,3 +42,11 @@ def test_paired_over_seeds_recovers_a_step_at_the_switch(tmp_path):
         assert abs(out["paired_steps"][k]["mean"]) < 0.03
     assert out["valid_mean"] == 4.0 and out["reference_valid_mean"] == 2.0
     assert all(row["noise_std"] < 0.05 for row in out["pairs"])
+
+
+def test_a_malformed_seed_pair_is_one_line_naming_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        plp.main(["--seed_pairs", "runs/lab_s0", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "--seed_pairs" in err and "RUN:REFERENCE" in err
+    assert not (tmp_path / "x.json").exists()

@@ -6,6 +6,7 @@ import pytest
 
 from experiments.reports import lm as report_lm
 from experiments.reports import plot_lm
+from experiments.reports import results as report_results
 
 
 def lm_row(variant, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):
@@ -97,3 +98,21 @@ def test_mechanism_statistics_over_training_table_and_plot(tmp_path):
     path = plot_lm.plot_stats(rows, "c", 64, str(tmp_path / "lm"))
     assert path.endswith("lm_stats.png") and (tmp_path / "lm_stats.png").read_bytes()[:4] == b"\x89PNG"
     assert plot_lm.plot_stats([lm_row("dense", 0, 2.3), lm_row("local", 0, 2.4)], "c", 64, str(tmp_path / "x")) is None
+
+
+@pytest.mark.parametrize("script, argv, named", [
+    ("lm", ["--results_dir", "{tmp}/nowhere"], "--results_dir"),
+    ("results", ["--results_dir", "{tmp}/nowhere"], "--results_dir"),
+    ("results", ["--results_dir", "{tmp}", "--note_file", "{tmp}/no_note.md"], "--note_file"),
+    ("plot_lm", ["--results", "{tmp}/no_rows.jsonl"], "--results"),
+])
+def test_a_missing_input_is_one_line_and_leaves_the_page_alone(tmp_path, capsys, script, argv, named):
+    main = {"lm": report_lm.main, "results": report_results.main, "plot_lm": plot_lm.main}[script]
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nhand-written\n")
+    argv = [a.format(tmp=tmp_path) for a in argv] + ["--out", str(page if script != "plot_lm" else tmp_path / "p")]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and named in err and "Traceback" not in err
+    assert page.read_text() == "# Results\n\nhand-written\n" and not (tmp_path / "img").exists()
