@@ -87,7 +87,8 @@ def partial_row(cell: lm_grid.Cell, config: str, workdir: str, status: str, comm
     last = [r["bits_per_byte"] for r in list(train.values())[-10:] if "bits_per_byte" in r]
     return {"kind": "lm_partial", "config": config, "n": cell.n, "variant": cell.variant,
             "budget_keys_per_query": cell.budget, "seed": cell.seed, "status": status,
-            "steps_reached": max(train, default=0), "train_bits_per_byte_last10": sum(last) / len(last) if last else None,
+            "steps_reached": max(train, default=0),
+            "train_bits_per_byte_last10": sum(last) / len(last) if last else None,
             "command": command, "commit": git_commit(), "workdir": workdir}
 
 

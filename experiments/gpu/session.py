@@ -2,7 +2,8 @@
 and classification cells, the tile sweep, one after another under one wall-clock budget, packed for the trip back.
 
 On a lent machine (one `run` call with timeout_s 600; nothing to install there):
-    SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. PYTHONUNBUFFERED=1 python3 -m experiments.gpu.session --budget 540 --out "$OUT"
+    SPARSE_ATTN_COMMIT=<hash> PYTHONPATH=. PYTHONUNBUFFERED=1 \\
+        python3 -m experiments.gpu.session --budget 540 --out "$OUT"
 Back here, with the folder the device tool returned the files to:
     python -m experiments.gpu.session --unpack <files_at>/gpu_session.tar.gz
     python -m experiments.reports.results     # re-render docs/results.md (classification, LM, retrieval)
@@ -17,14 +18,16 @@ as one archive (`gpu_session.tar.gz`) beside a summary (`gpu_session.md`) and th
 Budget: each stage is allotted its share of `--budget` plus what the stages before it left unused, and gets
 that as its own budget flag less a margin for start-up and its last row (so the stages end themselves); a hard
 limit of allotment + `GRACE_S` then kills the stage's whole process group (the retrieval, LM and classification
-stages run their cells as subprocesses, which must not outlive it). The archive is rewritten after every stage, so a call
-cut by the device's own limit still returns what the finished stages measured.
+stages run their cells as subprocesses, which must not outlive it). The archive is rewritten after every stage, so
+a call cut by the device's own limit still returns what the finished stages measured.
 
 Continuation: the retrieval, LM and classification stages start from the GPU rows already committed in
 experiments/results/ (the `gpu` rows of `retrieval.jsonl`, `lm_gpu.jsonl`, the `seed` rows of `<task>.jsonl`) and
-skip those cells, so each lent session runs the next cells of their plans. `--unpack` appends only lines not already present.
+skip those cells, so each lent session runs the next cells of their plans. `--unpack` appends only lines not
+already present.
 
-Writes: $OUT/gpu_session.tar.gz (every stage's outputs), a summary and the log; --unpack appends new rows to experiments/results/.
+Writes: $OUT/gpu_session.tar.gz (every stage's outputs), gpu_session.md (a summary) and gpu_session.log;
+--unpack appends new rows to experiments/results/.
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ def main(argv=None):
             json.dump(result, f, indent=1)
         print({k: {m: round(x, 4) for m, x in v.items() if x is not None} for k, v in result["paired_steps"].items()},
               "valid %.3f ± %.3f, reference %.3f ± %.3f" % (result["valid_mean"], result["valid_std"],
-                                                           result["reference_valid_mean"], result["reference_valid_std"]))
+                                                           result["reference_valid_mean"],
+                                                           result["reference_valid_std"]))
         return
     if not args.runs or not args.plot:
         parser.error("--runs and --plot are required without --seed_pairs")
