@@ -157,7 +157,7 @@ def main(argv=None):
     )
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--radius", type=int, default=128)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     benchlib.add_timing_args(p, tag="bench_attention", batch=1, heads=4)
     args = p.parse_args(argv)
     for impl in args.impls:

@@ -98,9 +98,16 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     table = mechanisms(args.window)
+    names = args.mechanisms.split(",")
+    if unknown := [m for m in names if m not in table]:
+        parser.error(f"--mechanisms: unknown {', '.join(unknown)}; choose from {', '.join(table)}")
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        parser.error(f"--lengths must be comma-separated integers, got {args.lengths!r}")
     rows = []
-    for name in args.mechanisms.split(","):
-        for n in map(int, args.lengths.split(",")):
+    for name in names:
+        for n in lengths:
             row = measure(name, table[name], n, layers=args.layers, dim=args.dim, heads=args.heads, steps=args.steps)
             rows.append(row)
             print(f"{name:8s} n={n:6d}  {row['s_per_token'] * 1e3:8.2f} ms/token  {row['tokens_per_s']:8.1f} tok/s  "

@@ -87,12 +87,14 @@ def main(argv=None) -> dict:
     p.add_argument("--tag", default="")
     p.add_argument("--out", default="experiments/results")
     args = p.parse_args(argv)
+    names = check_names(p, "--mechanisms", args.mechanisms, mechanism_names(causal=True))
+    impls = check_names(p, "--impls", args.impls, tuple(IMPLS))
 
     corpus = lm_configs.smoke().data.load()
     it = RandomWindows(corpus.train_U8, seed=0, global_batch=args.batch, seq_len=args.seq_len,
                        process_index=0, process_count=1)
     batches = [next(it) for _ in range(args.repeats + 1)]
-    configs = [(m, i) for m in args.mechanisms.split(",") for i in args.impls.split(",")
+    configs = [(m, i) for m in names for i in impls
                if not (m in NO_IMPLEMENTATION and i != "default")]
     raw = {c: [] for c in configs}
     for r in range(args.rounds):
@@ -105,6 +107,14 @@ def main(argv=None) -> dict:
                   flush=True)
             report({c: v for c, v in raw.items() if v}, args, argv)  # after every measurement: a long run can stop
     return report(raw, args, argv, show=True)
+
+
+def check_names(parser, flag: str, text: str, allowed: tuple[str, ...]) -> list[str]:
+    """A comma-separated `flag` value as a list, each one of `allowed`, else a one-line parser error listing them."""
+    names = text.split(",")
+    if unknown := [n for n in names if n not in allowed]:
+        parser.error(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    return names
 
 
 def report(raw: dict, args, argv, show: bool = False) -> dict:

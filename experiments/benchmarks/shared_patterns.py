@@ -30,6 +30,7 @@ from sparse_attn.models import TransformerLM, transformer
 from sparse_attn.studies import bench as benchlib
 from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
+from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
 
@@ -66,13 +67,14 @@ def main(argv=None) -> dict:
     p.add_argument("--mechanisms", default="local,longformer,bigbird")
     p.add_argument("--out", default="experiments/results")
     args = p.parse_args(argv)
+    names = bench_lm_step.check_names(p, "--mechanisms", args.mechanisms, mechanism_names(causal=True))
     command = "python -m experiments.benchmarks.shared_patterns " + " ".join(argv if argv is not None else sys.argv[1:])
 
     corpus = lm_configs.smoke().data.load()
     it = RandomWindows(corpus.train_U8, seed=0, global_batch=args.batch, seq_len=args.seq_len, process_index=0,
                        process_count=1)
     batches = [next(it) for _ in range(args.repeats + 1)]
-    raw = {(m, mode): [] for m in args.mechanisms.split(",") for mode in MODES}
+    raw = {(m, mode): [] for m in names for mode in MODES}
     for r in range(args.rounds):
         for name, mode in raw:
             res = measure(name, mode, args, batches)

@@ -276,7 +276,12 @@ def parse_deadline(text: str | None, now: float | None = None) -> float | None:
     if not text:
         return None
     now = time.time() if now is None else now
-    hh, mm = (int(x) for x in text.split(":"))
+    try:
+        hh, mm = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--deadline must be HH:MM (UTC), got {text!r}") from None
+    if not (0 <= hh < 24 and 0 <= mm < 60):
+        raise ValueError(f"--deadline must be HH:MM (UTC), got {text!r}")
     day = now - now % 86400
     t = day + hh * 3600 + mm * 60
     return t if t > now else t + 86400
@@ -304,13 +309,14 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     cells = select(GRIDS[args.grid], only=args.only, skip=args.skip, shard=args.shard, lengths=args.n or (),
                    seeds=args.seeds, tasks=args.task or ())
+    deadline = parse_deadline(args.deadline)
     if args.dry_run:
         for cell in cells:
             print(cell)
         return {}
     command = "python -m experiments.classification.grid " + shlex.join(argv if argv is not None else sys.argv[1:])
     status = run_grid(cells, config=args.config, num_steps=args.num_steps, results_dir=args.results_dir,
-                      runs_dir=args.runs_dir, time_limit_s=args.time_limit, deadline=parse_deadline(args.deadline),
+                      runs_dir=args.runs_dir, time_limit_s=args.time_limit, deadline=deadline,
                       min_cell_s=args.min_cell, commit=args.commit, grid=args.grid, grid_command=command)
     for cell, s in status.items():
         print(f"{s:30s} {cell}")
@@ -320,16 +326,34 @@ def main(argv=None) -> dict:
 def select(cells: list[Cell], *, only: str | None = None, skip: str | None = None, shard: str = "0/1",
            lengths=(), seeds: str | None = None, tasks=()) -> list[Cell]:
     """The cells named by `--only` / `--skip` (attention names), `--n`, `--seeds` and `--task`, then every k-th of them
-    from the i-th (`--shard i/k`)."""
-    seeds = {int(x) for x in seeds.split(",")} if seeds else set()
-    keep = set(only.split(",")) if only else None
-    drop = set(skip.split(",")) if skip else set()
-    i, k = (int(x) for x in shard.split("/"))
+    from the i-th (`--shard i/k`). A name or value the grid does not hold raises a ValueError listing those it does."""
+    keep = _chosen("--only", only.split(",") if only else (), {c.attention for c in cells}) or None
+    drop = _chosen("--skip", skip.split(",") if skip else (), {c.attention for c in cells})
+    lengths = _chosen("--n", lengths, {c.n for c in cells})
+    tasks = _chosen("--task", tasks, {c.task for c in cells})
+    try:
+        seeds = {int(x) for x in seeds.split(",")} if seeds else set()
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    seeds = _chosen("--seeds", seeds, {c.seed for c in cells})
+    try:
+        i, k = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be i/k (two integers), got {shard!r}") from None
     if not 0 <= i < k:
         raise ValueError(f"--shard must be i/k with 0 <= i < k, got {shard!r}")
     cells = [c for c in cells if (keep is None or c.attention in keep) and c.attention not in drop
              and (not lengths or c.n in lengths) and (not seeds or c.seed in seeds) and (not tasks or c.task in tasks)]
     return cells[i::k]
+
+
+def _chosen(flag: str, values, allowed: set) -> set:
+    """`values` as a set, each one of `allowed` (the grid's), else a ValueError naming the flag and the choices."""
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise ValueError(f"{flag} {', '.join(map(str, unknown))} is not in this grid; choose from "
+                         f"{', '.join(map(str, sorted(allowed)))}")
+    return set(values)
 
 
 if __name__ == "__main__":

@@ -119,8 +119,13 @@ def main(argv=None) -> dict:
     p.add_argument("--time", type=int, default=0, help="timed repeats of the core per setting (0: no timing)")
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
+    if args.batches < 1:
+        p.error(f"--batches must be >= 1, got {args.batches}")
 
     run = restore(args.workdir)
+    if run.kind != "lm" or not any(isinstance(b.attn, LabelAttention) for b in run.model.blocks):
+        raise ValueError(f"{args.workdir!r} is not a byte-LM run with label attention layers (train one with "
+                         "`python -m experiments.lm --config smoke_labels`)")
     model, tc = run.model, run.train
     corpus = lm_configs.smoke().data.load()
     shard = dict(global_batch=tc.global_batch, seq_len=tc.seq_len, process_index=0, process_count=1)

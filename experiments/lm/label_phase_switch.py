@@ -44,20 +44,41 @@ def restored(config: lm_configs.LMConfig, workdir: str, step: int, num_steps: in
         return model
 
     tc = config.train
-    tx = state_lib.make_optimizer(tc)
-    mesh = mesh_lib.make_mesh(tc)
-    shapes, shardings = state_lib.abstract_state(make, tx, tc, mesh)
     manager = checkpoint.make_manager(workdir, tc)
-    state, _ = checkpoint.restore(manager, state_lib.with_shardings(shapes, shardings), step)
-    manager.close()
+    try:
+        steps = sorted(manager.all_steps())
+        if step not in steps:
+            raise FileNotFoundError(f"no checkpoint step {step} in {workdir!r} (--checkpoint); it holds "
+                                    f"{', '.join(map(str, steps)) if steps else 'none'}")
+        tx = state_lib.make_optimizer(tc)
+        shapes, shardings = state_lib.abstract_state(make, tx, tc, mesh_lib.make_mesh(tc))
+        state, _ = checkpoint.restore(manager, state_lib.with_shardings(shapes, shardings), step)
+    finally:
+        manager.close()
     return state_lib.graphdef_of(make), state.params, state.rest
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`--label KEY=VALUE ...` as a dict of Python literals; a malformed item is a ValueError naming it."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not (sep and key):
+                raise ValueError
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--label {item!r}: expected KEY=VALUE with a Python literal value, e.g. "
+                             "ramp_thinning=False") from None
+    return overrides
 
 
 @cli.entry_point
 def main(argv=None):
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--config", default="smoke_labels")
+    parser.add_argument("--config", choices=sorted(lm_configs.CONFIGS), default="smoke_labels",
+                        help="the run's config (ignored with --label, which rebuilds smoke_labels)")
     parser.add_argument("--label", nargs="*", default=[], metavar="KEY=VALUE",
                         help="smoke_labels overrides of the label config, e.g. ramp_thinning=False")
     parser.add_argument("--checkpoint", type=int, required=True)
@@ -65,12 +86,14 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs=2, required=True, help="training batches [start, stop)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    overrides = parse_overrides(args.label)
+    config = lm_configs.smoke_labels(**overrides) if overrides else lm_configs.CONFIGS[args.config]()
     if not os.path.isdir(args.workdir):
         raise FileNotFoundError(f"no run directory {args.workdir!r} (--workdir: a label LM run, e.g. of "
                                 "`python -m experiments.lm --config smoke_labels`)")
+    if not os.path.isdir(os.path.join(args.workdir, "checkpoints")):  # checked here: the manager would create it
+        raise FileNotFoundError(f"{args.workdir!r} holds no checkpoints/ directory (was it trained?)")
 
-    overrides = {k: ast.literal_eval(v) for k, v in (item.split("=", 1) for item in args.label)}
-    config = lm_configs.smoke_labels(**overrides) if overrides else lm_configs.CONFIGS[args.config]()
     tc = config.train
     graphdef, params, rest = restored(config, args.workdir, args.checkpoint, tc.num_steps)
 

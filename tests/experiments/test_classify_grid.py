@@ -69,6 +69,8 @@ def test_cpu_grid_plan_order_and_selection():
     assert not set(halves[0]) & set(halves[1])
     with pytest.raises(ValueError, match="shard"):
         classify_grid.select(cells, shard="2/2")
+    with pytest.raises(ValueError, match="--only flash is not in this grid; choose from abca, dense"):
+        classify_grid.select(cells, only="dense,flash")  # a typo selects nothing: refused, not an empty run
 
 
 def test_grid_resume_skip_row_fields_and_deadline(tmp_path):

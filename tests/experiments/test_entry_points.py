@@ -63,6 +63,52 @@ def test_a_missing_workdir_is_one_line_naming_it(name, capsys, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1 and missing in err, err
 
 
+# A name or value the script does not know: one line naming it and what is allowed, before anything runs.
+BAD_ARGUMENTS = [
+    ("experiments.lm.train", ["--workdir", "{tmp}/w", "--attention", "nosuch"], "choose from dense, local"),
+    ("experiments.lm.grid", ["--workdir", "{tmp}/w", "--variant", "nosuch"], "choose from dense, local"),
+    ("experiments.retrieval.train", ["--workdir", "{tmp}/w", "--variant", "nosuch"], "choose from dense, local"),
+    ("experiments.classification.train", ["--workdir", "{tmp}/w", "--task", "dyck", "--n", "64",
+                                          "--attention", "nosuch"], "choose from dense, local"),
+    ("experiments.classification.grid", ["--grid", "cpu", "--dry_run", "--task", "nosuch"],
+     "choose from dyck, listops, pathfinder"),
+    ("experiments.classification.grid", ["--grid", "cpu", "--dry_run", "--only", "dense,nosuch"], "choose from abca"),
+    ("experiments.classification.grid", ["--grid", "cpu", "--dry_run", "--deadline", "nosuch"], "HH:MM"),
+    ("experiments.classification.router_warm_start", ["--arms", "nosuch"], "choose from 'cold'"),
+    ("experiments.lm.label_phase_switch", ["--workdir", "{tmp}", *REQUIRED["experiments.lm.label_phase_switch"],
+                                           "--config", "nosuch"], "choose from 'base'"),
+    ("experiments.lm.label_phase_switch", ["--workdir", "{tmp}", *REQUIRED["experiments.lm.label_phase_switch"],
+                                           "--label", "nosuch"], "KEY=VALUE"),
+    ("experiments.lm.label_phase_switch", ["--workdir", "{tmp}", *REQUIRED["experiments.lm.label_phase_switch"],
+                                           "--label", "nosuch=1"], "has no field nosuch"),
+    ("experiments.lm.label_phase_switch", ["--workdir", "{tmp}", *REQUIRED["experiments.lm.label_phase_switch"]],
+     "no checkpoints/ directory"),
+    ("experiments.lm.label_phase_switch", ["--workdir", "{tmp}/run", *REQUIRED["experiments.lm.label_phase_switch"]],
+     "no checkpoint step 1"),
+    ("experiments.lm.label_capacity", ["--workdir", "{tmp}", "--batches", "0"], "--batches must be >= 1"),
+    ("experiments.benchmarks.decode", ["--mechanisms", "dense,nosuch"], "choose from dense, local"),
+    ("experiments.benchmarks.decode", ["--lengths", "nosuch"], "--lengths"),
+    ("experiments.benchmarks.lm_step", ["--mechanisms", "nosuch"], "choose from dense, local"),
+    ("experiments.benchmarks.lm_step", ["--impls", "nosuch"], "choose from default, reference"),
+    ("experiments.benchmarks.shared_patterns", ["--mechanisms", "nosuch"], "choose from dense, local"),
+    ("experiments.benchmarks.attention", ["--dtype", "nosuch"], "choose from 'float32'"),
+    ("experiments.benchmarks.noncrossing", ["--routers", "nosuch"], "choose from 'defect_pair'"),
+]
+
+
+def _last_flag(argv: list[str]) -> str:
+    return next(a for a in reversed(argv) if a.startswith("--"))
+
+
+@pytest.mark.parametrize("name,argv,allowed", BAD_ARGUMENTS, ids=[f"{n}:{_last_flag(a)}" for n, a, _ in BAD_ARGUMENTS])
+def test_a_bad_name_is_one_line_naming_it_and_what_is_allowed(name, argv, allowed, capsys, tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run without the step asked for
+    code, _, err = _exit(name, [a.format(tmp=tmp_path) for a in argv], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and allowed in err, err
+    assert err.startswith(f"python -m {name}: error: "), err
+    assert "nosuch" in err or "nosuch" not in " ".join(argv), err  # the bad value itself is named
+
+
 def test_the_command_line_prints_one_line_and_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "experiments.generate", "--workdir", str(tmp_path / "missing")],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
