@@ -47,6 +47,12 @@ def prepare_xla(pattern, *, head_dim=None, block: int | None = None) -> XlaMeta 
     mask = pattern if isinstance(pattern, Intervals) else pattern.mask
     global_pos, random_idx, random_count = global_positions(mask), None, None
     if isinstance(pattern, BlockLayout) and pattern.random_blocks is not None and pattern.max_random:
+        if pattern.random_blocks.shape[1] != 1:
+            # The gathered random blocks are shared by every head (`_random_lists`); per-head lists would silently
+            # attend head 0's blocks in every head, so they are refused.
+            raise ValueError(f"implementation='xla' runs random blocks shared by the heads (BlockLayout.random_blocks "
+                             f"of shape {tuple(pattern.random_blocks.shape)}, heads axis 1 expected); per-head random "
+                             "blocks run on 'pallas' or 'reference'")
         random_idx, random_count = _random_lists(pattern)
     return XlaMeta(global_pos, random_idx, random_count)
 
