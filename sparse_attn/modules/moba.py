@@ -189,7 +189,8 @@ def moba_key_counts(selected_BxHxQsxKb, n: int, config: MobaAttentionConfig, *, 
     i = jnp.arange(n, dtype=jnp.int32)
     own = i // bs
     sel = selected_BxHxQsxKb[..., i // qb, :]  # [B', H', N, Kb]
-    other = jnp.where(sel & (own[:, None] != jnp.arange(nkb)[None, :]), block_keys[:, None, None, :], 0).sum(-1)
+    not_own_NxKb = own[:, None] != jnp.arange(nkb)[None, :]
+    other = jnp.where(sel & not_own_NxKb[None, None], block_keys[:, None, None, :], 0).sum(-1)
     own_keys = (i - own * bs + 1)[None, None] if causal else block_keys[:, None, own]
     live = (i[None, :] < vl[:, None])[:, None]
     return jnp.where(live, own_keys + other, 0).astype(jnp.int32)

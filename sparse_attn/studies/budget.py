@@ -21,7 +21,8 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
 Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
 counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps),
-abca_global (global handshake), abca_fixed, abca_learned (score head trained towards newlines).
+abca_global (global handshake), abca_fixed, abca_learned (score head trained towards newlines), moba (block size
+tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from sparse_attn.modules import (
     LongformerAttention,
 )
 from sparse_attn.modules.abca.stats import abca_stats
+from sparse_attn.modules.moba import MobaAttentionConfig
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels.stats import p_share
@@ -105,6 +107,9 @@ VARIANTS: dict[str, Variant | None] = {
     "abca_fixed": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z),
                           "interval"),
     "abca_learned": _abca(placement="learned", boundary_ids=(NEWLINE,)),
+    # MoBA (arXiv 2502.13189): the own block plus the top-2 of the earlier blocks by q · mean(K_block), the paper's
+    # top-3; the block size is tuned.
+    "moba": Variant(lambda bs, n, t: MobaAttentionConfig(block_size=bs, top_k=3, causal=True), "block_size"),
 }
 
 
@@ -160,8 +165,19 @@ def _position_keys(cfg: LabelAttentionConfig, n: int) -> float:
     return total / n
 
 
+def moba_keys(cfg: MobaAttentionConfig, n: int) -> float:
+    """MoBA's causal keys per query on full sequences, whatever the gate picks: the own block up to the query plus
+    min(top_k - 1, earlier blocks) whole earlier blocks."""
+    bs = cfg.block_size
+    i = np.arange(n)
+    own = i - (i // bs) * bs + 1
+    return float(np.mean(own + np.minimum(cfg.top_k - 1, i // bs) * bs))
+
+
 def keys_per_query(att, n: int, tokens_BxN=None) -> float:
     """Allowed keys per query of one causal layer on full length-n sequences (see the module docstring)."""
+    if isinstance(att, MobaAttentionConfig):
+        return moba_keys(att, n)
     if isinstance(att, LabelAttentionConfig):
         return label_keys(att, n)
     if isinstance(att, AnchorAttentionConfig):

@@ -20,6 +20,7 @@ import dataclasses
 from collections.abc import Callable
 
 from sparse_attn import modules as m
+from sparse_attn.modules.moba import MobaAttentionConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,6 +159,9 @@ def _builtins():
                                                       implementation=impl(c)))
     reg("abca_learned", lambda c: m.AnchorAttentionConfig(placement="learned", boundary_ids=c.anchors.boundary_ids,
                                                         max_zone=c.window, implementation=impl(c)))
+    # MoBA: blocks of half a window, the own block plus the top-2 earlier ones (the paper's top-3).
+    reg("moba", lambda c: MobaAttentionConfig(block_size=max(c.window // 2, 1), top_k=3,
+                                              implementation=impl(c)))
     for router in ("defect", "brick", "adjacent"):
         full = {"defect": "defect_pair", "brick": "brick_wall", "adjacent": "adjacent_topk"}[router]
         reg(f"noncrossing_{router}", lambda c, r=full: m.NoncrossingAttentionConfig(router=r), causal=False)
