@@ -3,6 +3,7 @@
 from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig
 from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig
+from sparse_attn.modules.moba import MobaAttention, MobaAttentionConfig
 from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
@@ -24,6 +25,8 @@ __all__ = [
     "LabelAttentionConfig",
     "LocalAttention",
     "LongformerAttention",
+    "MobaAttention",
+    "MobaAttentionConfig",
     "PatternAttention",
     "Projections",
     "NoncrossingAttention",
