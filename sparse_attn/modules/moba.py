@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.attention import attention
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
+from sparse_attn.modules.selected_blocks import Blocks, selected_attention, selected_key_counts, selection_stats
 from sparse_attn.patterns import common
 from sparse_attn.patterns.block_select import (
     check_blocks,
@@ -73,6 +73,10 @@ class MobaAttentionConfig:
     def blocks(self) -> tuple[int, int, int]:
         """(block_size, query_block, tile) with the defaults filled in."""
         return check_blocks(self.block_size, self.query_block, self.tile)
+
+    @property
+    def selection(self) -> Blocks:
+        return Blocks.of(self.block_size, self.query_block, self.tile, self.top_k)
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "MobaAttention":
         g = self.num_kv_heads or num_heads
@@ -137,76 +141,32 @@ def moba_selection(q_BxNxHxD, k_BxNxGxD, config: MobaAttentionConfig, *, causal:
 
 
 def moba_layout(selected_BxHxQsxKb, n: int, config: MobaAttentionConfig, *, causal: bool, valid_len=None):
-    """The BlockLayout [B|1, H|1] of a selection: what `moba_core` runs, with `to_dense()` as its oracle."""
+    """The BlockLayout [B|1, H|1] of a selection: what `moba_core` runs (one row per batch and head), with
+    `to_dense()` as its oracle."""
     bs, qb, tile = config.blocks
     return layout_from_selection(
         selected_BxHxQsxKb, n, config.top_k, bs, query_block=qb, tile=tile, causal=causal, valid_len=valid_len
     )
 
 
-# -- the core ---------------------------------------------------------------------------------------------------
-
-
-def _fold_heads(x_BxNxCxD: jax.Array, h: int) -> jax.Array:
-    """[B, N, C, D] -> [B * H, N, 1, D], each KV head repeated for the H / C query heads that read it."""
-    b, n, c, d = x_BxNxCxD.shape
-    x = jnp.repeat(x_BxNxCxD, h // c, axis=2) if c != h else x_BxNxCxD
-    return jnp.moveaxis(x, 2, 1).reshape(b * h, n, 1, d)
+# -- the core and its statistics --------------------------------------------------------------------------------
 
 
 def moba_core(
     q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, selected_BxHxQsxKb, config: MobaAttentionConfig, *, causal: bool, valid_len=None
 ) -> jax.Array:
-    """out [B, N, H, D]: attention over the layout of `selected` through `attention(..., config.implementation)`.
-
-    Every (batch, query head) runs as its own batch row with one head (K/V repeated per query head, as the
-    reference executor does), because the "xla" executor gathers a BlockLayout's random blocks of pattern head 0
-    for every head; per-head selections need per-row layouts until it gathers them per head.
-    """
-    b, n, h, d = q_BxNxHxD.shape
-    sel = jnp.broadcast_to(selected_BxHxQsxKb, (b, h) + selected_BxHxQsxKb.shape[2:])
-    sel = sel.reshape((b * h, 1) + sel.shape[2:])
-    vl = None if valid_len is None else jnp.repeat(jnp.broadcast_to(valid_len, (b,)), h)
-    layout = moba_layout(sel, n, config, causal=causal, valid_len=vl)
-    o = attention(
-        _fold_heads(q_BxNxHxD, h), _fold_heads(k_BxNxGxD, h), _fold_heads(v_BxNxGxD, h), layout,
+    """out [B, N, H, D]: attention over the layout of `selected` (`selected_blocks.selected_attention`)."""
+    return selected_attention(
+        q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, selected_BxHxQsxKb, config.selection, causal=causal, valid_len=valid_len,
         implementation=config.implementation,
     )  # fmt: skip
-    return jnp.moveaxis(o.reshape(b, h, n, d), 1, 2)
-
-
-# -- statistics -------------------------------------------------------------------------------------------------
-
-
-def moba_key_counts(selected_BxHxQsxKb, n: int, config: MobaAttentionConfig, *, causal: bool, valid_len=None):
-    """int32[B', H', N]: keys each query attends, in O(N * Kb) from the selection (0 at padded queries): its
-    own block's keys (causal: up to itself) plus every valid key of its other selected blocks."""
-    bs, qb, _ = config.blocks
-    nkb = num_blocks(n, bs)
-    vl = jnp.full((1,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32)
-    k0 = jnp.arange(nkb, dtype=jnp.int32) * bs
-    block_keys = jnp.clip(jnp.minimum(vl[:, None], n) - k0[None, :], 0, bs)  # [B|1, Kb]
-    i = jnp.arange(n, dtype=jnp.int32)
-    own = i // bs
-    sel = selected_BxHxQsxKb[..., i // qb, :]  # [B', H', N, Kb]
-    not_own_NxKb = own[:, None] != jnp.arange(nkb)[None, :]
-    other = jnp.where(sel & not_own_NxKb[None, None], block_keys[:, None, None, :], 0).sum(-1)
-    own_keys = (i - own * bs + 1)[None, None] if causal else block_keys[:, None, own]
-    live = (i[None, :] < vl[:, None])[:, None]
-    return jnp.where(live, own_keys + other, 0).astype(jnp.int32)
 
 
 def moba_stats(selected_BxHxQsxKb, n: int, config: MobaAttentionConfig, *, causal: bool, valid_len) -> dict:
-    """`keys_per_query` (common) and `blocks_per_query`: key blocks kept per valid query group, own included."""
-    _, qb, _ = config.blocks
-    keys = moba_key_counts(selected_BxHxQsxKb, n, config, causal=causal, valid_len=valid_len)
+    """`keys_per_query` (common), `blocks_per_query` and the selected-block histogram (`selection_stats`)."""
+    keys = selected_key_counts(selected_BxHxQsxKb, n, config.selection, causal=causal, valid_len=valid_len)
     vl = jnp.asarray(valid_len, jnp.int32).reshape(-1)
-    nqs = selected_BxHxQsxKb.shape[2]
-    groups = (jnp.arange(nqs) * qb)[None, None, :] < vl[:, None, None]  # [B, 1, Qs]
-    count = jnp.sum(selected_BxHxQsxKb, axis=-1, dtype=jnp.float32)
-    count = jnp.broadcast_to(count, jnp.broadcast_shapes(count.shape, groups.shape))
-    blocks = jnp.sum(jnp.where(groups, count, 0.0)) / jnp.maximum(jnp.sum(groups) * count.shape[1], 1)
-    return {"keys_per_query": keys_per_query(keys, vl), "blocks_per_query": blocks.astype(jnp.float32)}
+    return {"keys_per_query": keys_per_query(keys, vl), **selection_stats(selected_BxHxQsxKb, n, config.selection, vl)}
 
 
 # -- the layer --------------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 The sequence's keys are cut into key blocks of `block_size` tokens and its queries into query groups of
 `query_block` tokens (`query_block` divides `block_size`, so a group lies inside one key block: its *own* block).
-Each query group keeps `top_k` key blocks: the forced ones (its own block, and the first `sink_blocks` blocks) and
-the best-scored eligible others. Query i may attend key j iff
+Each query group keeps `top_k` key blocks: the forced ones (its own block, the first `sink_blocks` blocks and
+the eligible blocks at most `recent_blocks` blocks from its own: NSA's "local blocks") and the best-scored
+eligible others. Query i may attend key j iff
 
     valid(i) and valid(j) and (not causal or j <= i)
     and (block(j) == own(i) or block(j) in selected(group(i)))
@@ -47,13 +48,15 @@ def check_blocks(block_size: int, query_block: int | None = None, tile: int | No
     return block_size, query_block, tile
 
 
-def check_top_k(top_k: int, sink_blocks: int = 0) -> tuple[int, int]:
-    """(top_k, sink_blocks) as static ints; the forced blocks (own + sinks) count toward top_k."""
+def check_top_k(top_k: int, sink_blocks: int = 0, recent_blocks: int = 0) -> tuple[int, int]:
+    """(top_k, sink_blocks) as static ints; the forced blocks (own + sinks + recent) count toward top_k."""
     top_k = common.static_int("top_k", top_k, low=1, why=" (the own block is one of the top_k blocks)")
     sink_blocks = common.static_int("sink_blocks", sink_blocks)
-    if sink_blocks + 1 > top_k:
+    recent_blocks = common.static_int("recent_blocks", recent_blocks)
+    if sink_blocks + recent_blocks + 1 > top_k:
         raise ValueError(
-            f"top_k ({top_k}) must be >= 1 + sink_blocks ({sink_blocks}): the own block and the sinks count toward it"
+            f"top_k ({top_k}) must be >= 1 + sink_blocks ({sink_blocks}) + recent_blocks ({recent_blocks}): the own "
+            "block, the sinks and the recent blocks count toward it"
         )
     return top_k, sink_blocks
 
@@ -72,6 +75,7 @@ def select_blocks(
     causal: bool = False,
     valid_len=None,
     sink_blocks: int = 0,
+    recent_blocks: int = 0,
 ) -> jax.Array:
     """bool[B', H', Qs, Kb]: the key blocks each query group keeps (own block and sinks included).
 
@@ -79,11 +83,12 @@ def select_blocks(
       scores_BxHxQsxKb: float[B|1, H|1, ceil(n / query_block), ceil(n / block_size)] gate scores (higher is
         better; read, never differentiated).
       n: sequence length; top_k: blocks kept per group, forced ones included (>= 1 + sink_blocks).
-      valid_len: int32[B|1] or None; causal, sink_blocks: as in the module docstring.
+      valid_len: int32[B|1] or None; causal, sink_blocks, recent_blocks: as in the module docstring (recent:
+        the eligible blocks own - r ... own - 1, and when not causal also own + 1 ... own + r).
     """
     n = common.static_int("n (sequence length)", n, low=1)
     block_size, query_block, _ = check_blocks(block_size, query_block)
-    top_k, sink_blocks = check_top_k(top_k, sink_blocks)
+    top_k, sink_blocks = check_top_k(top_k, sink_blocks, recent_blocks)
     valid_len = common.valid_len_array(valid_len, n)
     nqs, nkb = num_blocks(n, query_block), num_blocks(n, block_size)
     s = jnp.asarray(scores_BxHxQsxKb)
@@ -102,7 +107,8 @@ def select_blocks(
     own = q0 // block_size
     group_ok = q0 < vl
     eligible = group_ok & (kb * block_size < vl) & ((kb < own) if causal else (kb != own))
-    forced = group_ok & ((kb == own) | (eligible & (kb < sink_blocks)))
+    recent = jnp.abs(kb - own) <= recent_blocks
+    forced = group_ok & ((kb == own) | (eligible & ((kb < sink_blocks) | recent)))
     cls = jnp.where(forced, _FORCED, jnp.where(eligible, _ELIGIBLE, _OUT)).astype(jnp.int32)
     lead = jnp.broadcast_shapes(cls.shape, s.shape)
     cls = jnp.broadcast_to(cls, lead)
@@ -172,6 +178,7 @@ def block_select(
     causal: bool = False,
     valid_len=None,
     sink_blocks: int = 0,
+    recent_blocks: int = 0,
 ) -> BlockLayout:
     """Scores -> top-k key blocks per query group -> `BlockLayout` (module docstring). Pure and jit-able.
 
@@ -180,14 +187,15 @@ def block_select(
       n: sequence length; top_k: key blocks kept per query group, own block and sinks included.
       block_size: key block size; query_block: query group size (divides block_size; default block_size).
       tile: the layout's block size (divides query_block; default `check_blocks`).
-      causal: no key after its query; valid_len: int32[B|1] or None; sink_blocks: first blocks always kept.
+      causal: no key after its query; valid_len: int32[B|1] or None; sink_blocks: first blocks always kept;
+      recent_blocks: the blocks nearest the own block always kept (`select_blocks`).
 
     Returns:
       a BlockLayout with block_q = block_k = tile; `to_dense()` is its element rule.
     """
     sel = select_blocks(
         scores_BxHxQsxKb, n, top_k, block_size, query_block=query_block, causal=causal, valid_len=valid_len,
-        sink_blocks=sink_blocks,
+        sink_blocks=sink_blocks, recent_blocks=recent_blocks,
     )  # fmt: skip
     return layout_from_selection(
         sel, n, top_k, block_size, query_block=query_block, tile=tile, causal=causal, valid_len=valid_len

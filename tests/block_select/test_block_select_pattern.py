@@ -12,10 +12,11 @@ from sparse_attn.patterns.block_select import block_select
 TOL = dict(out=1e-5, grad=5e-5)  # float32, as tests/foundation/test_executors.py
 
 
-def rule(scores, n, top_k, block, group, *, causal, valid_len, sinks=0):
+def rule(scores, n, top_k, block, group, *, causal, valid_len, sinks=0, recent=0):
     """bool[B, H, n, n], transcribed from the rule: each valid query group keeps its own block, the eligible sink
-    blocks, then eligible blocks by descending score (NaN as -inf, ties to the lower index) up to top_k blocks;
-    query i attends valid key j (j <= i when causal) of a kept block."""
+    blocks and the eligible blocks at most `recent` blocks from its own, then eligible blocks by descending score
+    (NaN as -inf, ties to the lower index) up to top_k blocks; query i attends valid key j (j <= i when causal)
+    of a kept block."""
     scores = np.asarray(scores, np.float64)
     vl = np.broadcast_to(np.asarray(valid_len), (max(scores.shape[0], len(valid_len)),))
     b_, h_ = len(vl), scores.shape[1]
@@ -29,7 +30,7 @@ def rule(scores, n, top_k, block, group, *, causal, valid_len, sinks=0):
                 if g * group >= vl[b]:
                     continue
                 ok = [kb for kb in range(nkb) if kb * block < vl[b] and (kb < own if causal else kb != own)]
-                forced = [own] + [kb for kb in ok if kb < sinks]
+                forced = [own] + [kb for kb in ok if kb < sinks or abs(kb - own) <= recent]
                 rest = sorted((kb for kb in ok if kb not in forced),
                               key=lambda kb: (-(s[g, kb] if not np.isnan(s[g, kb]) else -np.inf), kb))  # fmt: skip
                 kept = set(forced + rest[: max(top_k - len(forced), 0)])
@@ -38,8 +39,10 @@ def rule(scores, n, top_k, block, group, *, causal, valid_len, sinks=0):
     return out
 
 
-CASES = {  # n, top_k, block_size, query_block, tile, causal, valid_len, sinks, scores (B, H), integer ties
+CASES = {  # n, top_k, block_size, query_block, tile, causal, valid_len, (sinks, recent), scores (B, H), int ties
     "causal_per_head_ties_sink": (37, 3, 8, 4, 2, True, [37, 21], 1, (2, 3), True),
+    "causal_sink_and_recent": (45, 4, 5, 5, 5, True, [45, 31], (1, 2), (2, 2), True),
+    "bidirectional_recent": (40, 4, 4, 4, 2, False, [40, 17], (0, 1), (1, 2), False),
     "bidirectional_k_at_least_blocks": (24, 9, 6, 6, 3, False, [24, 13], 0, (1, 1), False),
     "causal_nan_scores": (32, 2, 8, 8, 4, True, [32, 27], 0, (2, 2), False),
     "per_token": (20, 2, 5, 1, 1, True, [20, 14], 0, (1, 2), True),
@@ -48,22 +51,24 @@ CASES = {  # n, top_k, block_size, query_block, tile, causal, valid_len, sinks, 
 
 
 def _case(name):
-    n, k, bs, qb, tile, causal, vl, sinks, (b, h), ties = CASES[name]
+    n, k, bs, qb, tile, causal, vl, forced, (b, h), ties = CASES[name]
+    sinks, recent = forced if isinstance(forced, tuple) else (forced, 0)
     rng = np.random.default_rng(len(name))
     shape = (b, h, -(-n // qb), -(-n // bs))
     scores = rng.integers(0, 3, shape).astype(np.float32) if ties else rng.normal(size=shape).astype(np.float32)
     if name == "causal_nan_scores":
         scores[..., 1] = np.nan
-    kw = dict(query_block=qb, tile=tile, causal=causal, valid_len=jnp.asarray(vl, jnp.int32), sink_blocks=sinks)
-    return (n, k, bs, qb, causal, vl, sinks), scores, kw
+    kw = dict(query_block=qb, tile=tile, causal=causal, valid_len=jnp.asarray(vl, jnp.int32), sink_blocks=sinks,
+              recent_blocks=recent)
+    return (n, k, bs, qb, causal, vl, sinks, recent), scores, kw
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_to_dense_is_the_selection_rule(name):
-    (n, k, bs, qb, causal, vl, sinks), scores, kw = _case(name)
+    (n, k, bs, qb, causal, vl, sinks, recent), scores, kw = _case(name)
     vl_arr = kw.pop("valid_len")
     layout = jax.jit(lambda s, v: block_select(s, n, k, bs, valid_len=v, **kw))(jnp.asarray(scores), vl_arr)
-    want = rule(scores, n, k, bs, qb, causal=causal, valid_len=vl, sinks=sinks)
+    want = rule(scores, n, k, bs, qb, causal=causal, valid_len=vl, sinks=sinks, recent=recent)
     np.testing.assert_array_equal(np.asarray(layout.to_dense()), want)
     assert layout.block_q == layout.block_k == kw["tile"] and int(layout.overflow) == 0
     assert layout.max_random == (k - 1) * bs // kw["tile"]
@@ -96,7 +101,7 @@ def _check_lists(layout, dense):
 
 
 def test_builder_runs_eagerly_and_under_vmap():
-    (n, k, bs, qb, causal, vl, sinks), scores, kw = _case("causal_per_head_ties_sink")
+    (n, k, bs, qb, causal, vl, _, _), scores, kw = _case("causal_per_head_ties_sink")
     eager = block_select(jnp.asarray(scores), n, k, bs, **kw).to_dense()
     vl_arr = kw.pop("valid_len")
     one = lambda s, v: block_select(s[None], n, k, bs, valid_len=v[None], **kw).to_dense()[0]  # noqa: E731
@@ -178,6 +183,8 @@ def test_executor_matches_reference(impl, heads):
     [
         (dict(top_k=0), "top_k"),
         (dict(top_k=2, sink_blocks=2), "sink_blocks"),
+        (dict(top_k=3, sink_blocks=1, recent_blocks=2), "recent_blocks"),
+        (dict(recent_blocks=-1), "recent_blocks"),
         (dict(tile=3), "tile"),
         (dict(query_block=3), "query_block"),
         (dict(block_size=0), "block_size"),
