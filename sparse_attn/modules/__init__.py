@@ -4,6 +4,7 @@ from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig
 from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig
 from sparse_attn.modules.moba import MobaAttention, MobaAttentionConfig
+from sparse_attn.modules.nsa import NsaAttention, NsaAttentionConfig
 from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
@@ -27,6 +28,8 @@ __all__ = [
     "LongformerAttention",
     "MobaAttention",
     "MobaAttentionConfig",
+    "NsaAttention",
+    "NsaAttentionConfig",
     "PatternAttention",
     "Projections",
     "NoncrossingAttention",

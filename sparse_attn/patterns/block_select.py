@@ -48,15 +48,16 @@ def check_blocks(block_size: int, query_block: int | None = None, tile: int | No
     return block_size, query_block, tile
 
 
-def check_top_k(top_k: int, sink_blocks: int = 0, recent_blocks: int = 0) -> tuple[int, int]:
-    """(top_k, sink_blocks) as static ints; the forced blocks (own + sinks + recent) count toward top_k."""
-    top_k = common.static_int("top_k", top_k, low=1, why=" (the own block is one of the top_k blocks)")
+def check_top_k(top_k: int, sink_blocks: int = 0, recent_blocks: int = 0, *, name: str = "top_k") -> tuple[int, int]:
+    """(top_k, sink_blocks) as static ints; the forced blocks (own + sinks + recent) count toward top_k (called
+    `name` in the messages: NSA's is top_n)."""
+    top_k = common.static_int(name, top_k, low=1, why=f" (the own block is one of the {name} blocks)")
     sink_blocks = common.static_int("sink_blocks", sink_blocks)
     recent_blocks = common.static_int("recent_blocks", recent_blocks)
     if sink_blocks + recent_blocks + 1 > top_k:
         raise ValueError(
-            f"top_k ({top_k}) must be >= 1 + sink_blocks ({sink_blocks}) + recent_blocks ({recent_blocks}): the own "
-            "block, the sinks and the recent blocks count toward it"
+            f"{name} ({top_k}) must be >= 1 + sink_blocks ({sink_blocks}) + recent_blocks ({recent_blocks}): the "
+            "own block, the sinks and the recent blocks count toward it"
         )
     return top_k, sink_blocks
 

@@ -11,9 +11,9 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
   cannot be met (an error says so). Learned placement: counted as before training, when the score head places no
   anchor and the cap inserts one every `max_zone` tokens; trained anchors can only shorten zones, so this is the
   learned run's upper bound, and its measured `keys_per_query` during training is in the results.
-* Labels (landmarks every `radius`, counted in H in closed form): the pattern depends on the router. The convention is the *expected* count under independent uniform
-  k-of-d labels: 1 + (keys of the base graph H besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k)
-  (`patterns.labels.stats.p_share`). The balance loss pushes towards uniform buckets, but a trained router
+* Labels (landmarks every `radius`, counted in H in closed form): the pattern depends on the router. The
+  convention is the *expected* count under independent uniform k-of-d labels: 1 + (keys of the base graph H
+  besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k) (`patterns.labels.stats.p_share`). The balance loss pushes towards uniform buckets, but a trained router
   correlates neighbours' labels, so the trained count differs; the training statistics report it
   (`layer{i}/keys_per_query`). `tests/experiments/test_lm_grid.py` checks the convention against the dense mask of
   random labels.
@@ -22,7 +22,8 @@ Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k 
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
 counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps),
 abca_global (global handshake), abca_fixed, abca_learned (score head trained towards newlines), moba (block size
-tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks).
+tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks), nsa (window tuned;
+compression and selection sized from the budget, `nsa_for_budget`; keys in closed form, as MoBA's).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from sparse_attn.modules import (
 )
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.modules.moba import MobaAttentionConfig
+from sparse_attn.modules.nsa import NsaAttentionConfig
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels.stats import p_share
@@ -110,7 +112,20 @@ VARIANTS: dict[str, Variant | None] = {
     # MoBA (arXiv 2502.13189): the own block plus the top-2 of the earlier blocks by q · mean(K_block), the paper's
     # top-3; the block size is tuned.
     "moba": Variant(lambda bs, n, t: MobaAttentionConfig(block_size=bs, top_k=3, causal=True), "block_size"),
+    "nsa": Variant(lambda w, n, t: nsa_for_budget(w, n, t), "window"),
 }
+
+
+def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
+    """NSA at a small budget, scaled down from the paper's (l = 32, d = 16, l' = 64, n = 16, w = 512 at 64k):
+    stride d = ceil(3n / 2t), so the compressed branch takes about a third of the keys (~n / 2d on average);
+    l = 2d (the paper's overlap); selection blocks of the largest power of two <= t / 6, top-3 (own block included,
+    no forced initial or further local blocks: at a few blocks a query, forcing them leaves no choice); the window
+    radius takes the rest and is the tuned parameter."""
+    d = max(math.ceil(3 * n / (2 * target)), 1)
+    bs = 2 ** max(int(math.log2(max(target / 6, 1))), 0)
+    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=bs, top_n=3, sink_blocks=0,
+                              recent_blocks=0, window=window, causal=True)
 
 
 def check_variant(name: str) -> str:
@@ -174,8 +189,22 @@ def moba_keys(cfg: MobaAttentionConfig, n: int) -> float:
     return float(np.mean(own + np.minimum(cfg.top_k - 1, i // bs) * bs))
 
 
+def nsa_keys(cfg: NsaAttentionConfig, n: int) -> float:
+    """NSA's causal keys per query on full sequences, the three branches added: the compressed tokens ended by the
+    query, its selected blocks (own block up to the query plus min(top_n - 1, earlier blocks) whole earlier
+    blocks: the gate changes which, not how many) and the window."""
+    i = np.arange(n)
+    cmp = np.maximum((i + 1 - cfg.compress_block) // cfg.compress_stride + 1, 0)
+    bs = cfg.select_block
+    slc = i - (i // bs) * bs + 1 + np.minimum(cfg.top_n - 1, i // bs) * bs
+    win = np.minimum(i, cfg.window) + 1
+    return float(np.mean(cmp + slc + win))
+
+
 def keys_per_query(att, n: int, tokens_BxN=None) -> float:
     """Allowed keys per query of one causal layer on full length-n sequences (see the module docstring)."""
+    if isinstance(att, NsaAttentionConfig):
+        return nsa_keys(att, n)
     if isinstance(att, MobaAttentionConfig):
         return moba_keys(att, n)
     if isinstance(att, LabelAttentionConfig):

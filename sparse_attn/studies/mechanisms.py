@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from sparse_attn import modules as m
 from sparse_attn.modules.moba import MobaAttentionConfig
+from sparse_attn.modules.nsa import NsaAttentionConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,6 +145,12 @@ def _abca(ctx: Context):
                                  implementation=ctx.implementation)
 
 
+def _nsa(w: int, implementation) -> NsaAttentionConfig:
+    d = max(w // 8, 1)
+    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=max(w // 4, 1), top_n=3,
+                              sink_blocks=0, recent_blocks=0, window=max(w // 2, 1), implementation=implementation)
+
+
 def _builtins():
     impl = lambda c: c.implementation  # noqa: E731
     reg = register_mechanism
@@ -162,6 +169,9 @@ def _builtins():
     # MoBA: blocks of half a window, the own block plus the top-2 earlier ones (the paper's top-3).
     reg("moba", lambda c: MobaAttentionConfig(block_size=max(c.window // 2, 1), top_k=3,
                                               implementation=impl(c)))
+    # NSA: compressed tokens every window / 8 (blocks twice that), top-3 selection blocks of a quarter window, and a
+    # half window; the budget grids size it from the budget instead (`studies.budget.nsa_for_budget`).
+    reg("nsa", lambda c: _nsa(c.window, impl(c)))
     for router in ("defect", "brick", "adjacent"):
         full = {"defect": "defect_pair", "brick": "brick_wall", "adjacent": "adjacent_topk"}[router]
         reg(f"noncrossing_{router}", lambda c, r=full: m.NoncrossingAttentionConfig(router=r), causal=False)
