@@ -31,7 +31,7 @@ import time
 from experiments.lm import grid as lm_grid
 from sparse_attn.data import StdlibSource
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import attention_for_budget, keys_per_query, newline_windows
+from sparse_attn.studies.budget import attention_for_budget, keys_per_query, newline_windows, recorded_fields
 from sparse_attn.studies.cells import read_rows, row_key
 from sparse_attn.studies.runs import git_commit
 from sparse_attn.train import read_metrics
@@ -69,8 +69,7 @@ def describe(cell: lm_grid.Cell, tokens_U8) -> dict:
     """The matched config of a cell and its planned keys per query (CPU only: no training)."""
     tokens = newline_windows(tokens_U8, cell.n, num=4)
     att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
-    tuned = {f: getattr(att, f) for f in ("radius", "interval", "max_zone", "block", "num_labels", "top_k")
-             if hasattr(att, f)}
+    tuned = recorded_fields(att)
     return {"n": cell.n, "variant": cell.variant, "budget": cell.budget, "type": type(att).__name__, **tuned,
             "planned_keys_per_query": round(keys_per_query(att, cell.n, tokens), 2), "dense_keys": (cell.n + 1) / 2}
 

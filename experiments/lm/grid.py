@@ -32,7 +32,14 @@ from experiments.lm.configs import GRIDS, SCALES, LMConfig
 from sparse_attn.data import StdlibSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query, newline_windows
+from sparse_attn.studies.budget import (
+    VARIANTS,
+    attention_for_budget,
+    check_variant,
+    keys_per_query,
+    newline_windows,
+    recorded_fields,
+)
 from sparse_attn.studies.cells import (
     Cell,
     Scale,
@@ -91,9 +98,7 @@ def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainCo
     bpb = summary["eval"]["bits_per_byte"]
     tok_s = summary.get("tokens_per_s")
     valid = read_metrics(workdir, "valid") if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else {}
-    tuned = {f: getattr(attention, f) for f in ("radius", "interval", "max_zone", "block", "num_labels", "top_k",
-                                                "position_cell", "handshake", "handshake_steps",
-                                                "placement") if hasattr(attention, f)}
+    tuned = recorded_fields(attention)
     row = {
         "kind": "lm", "config": config, "n": cell.n, "variant": cell.variant, "budget_keys_per_query": cell.budget,
         "seed": cell.seed, "steps": summary["step"],

@@ -21,14 +21,13 @@ from experiments.reports import plot_lm
 from experiments.reports.doc_sections import write_section
 from experiments.retrieval import train as retrieval
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS
+from sparse_attn.studies.budget import RECORDED_FIELDS, VARIANTS
 
 LM_MARKERS = ("<!-- lm:begin (python -m experiments.reports.lm writes this section) -->", "<!-- lm:end -->")
 RETRIEVAL_MARKERS = ("<!-- retrieval:begin (python -m experiments.reports.lm writes this section) -->",
                      "<!-- retrieval:end -->")
 ORDER = list(VARIANTS)  # dense, the windowed baselines, labels variants, ABCA variants
-SHOWN_PARAMS = ("radius", "interval", "max_zone", "block", "num_labels", "top_k", "position_cell", "handshake",
-                "handshake_steps", "placement")
+SHOWN_PARAMS = RECORDED_FIELDS
 
 
 def _latest_per_seed(rows: list[dict], key) -> dict[tuple, list[dict]]:

@@ -35,7 +35,7 @@ from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query
+from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query, recorded_fields
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
 from sparse_attn.studies.runs import git_commit, print_status, run_module
 from sparse_attn.train import train_and_evaluate as train_loop
@@ -137,10 +137,7 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
         "planned_keys_per_query": keys_per_query(att, cell.n),
         "keys_per_query": [ratio(ev[f"layer{i}/keys_per_query"], ev["full"]) if f"layer{i}/keys_per_query" in ev
                            else None for i in range(model.num_layers)],
-        "attention": {"type": type(att).__name__, **{f: getattr(att, f) for f in ("radius", "interval", "max_zone",
-                                                                                  "num_labels", "top_k",
-                                                                                  "position_cell", "placement")
-                                                     if hasattr(att, f)}},
+        "attention": {"type": type(att).__name__, **recorded_fields(att)},
         "task_config": dataclasses.asdict(task),
         "tokens_per_s": finite(summary.get("tokens_per_s")), "wall_s": summary.get("wall_s"),
         "memory_mib": {**summary.get("memory_mib", {}), "peak_mib": peak_mib(summary.get("memory_mib", {}))},

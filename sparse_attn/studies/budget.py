@@ -13,8 +13,9 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
   learned run's upper bound, and its measured `keys_per_query` during training is in the results.
 * Labels (landmarks every `radius`, counted in H in closed form): the pattern depends on the router. The
   convention is the *expected* count under independent uniform k-of-d labels: 1 + (keys of the base graph H
-  besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k) (`patterns.labels.stats.p_share`). The balance loss pushes towards uniform buckets, but a trained router
-  correlates neighbours' labels, so the trained count differs; the training statistics report it
+  besides self) x P(two tokens share a label), P = 1 - C(d-k, k) / C(d, k) (`patterns.labels.stats.p_share`).
+  The balance loss pushes towards uniform buckets, but a trained router correlates neighbours' labels, so the
+  trained count differs; the training statistics report it
   (`layer{i}/keys_per_query`). `tests/experiments/test_lm_grid.py` checks the convention against the dense mask of
   random labels.
 
@@ -126,6 +127,17 @@ def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
     bs = 2 ** max(int(math.log2(max(target / 6, 1))), 0)
     return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=bs, top_n=3, sink_blocks=0,
                               recent_blocks=0, window=window, causal=True)
+
+
+# The config fields a results row records (and the tables show): every variant's tuned and defining parameters.
+RECORDED_FIELDS = ("radius", "interval", "max_zone", "block", "num_labels", "top_k", "position_cell", "handshake",
+                   "handshake_steps", "placement", "block_size", "compress_block", "compress_stride",
+                   "select_block", "top_n", "window")
+
+
+def recorded_fields(att) -> dict:
+    """{field: value} of `RECORDED_FIELDS` that the config `att` has: what a row says of its attention."""
+    return {f: getattr(att, f) for f in RECORDED_FIELDS if hasattr(att, f)}
 
 
 def check_variant(name: str) -> str:
