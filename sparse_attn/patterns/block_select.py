@@ -105,17 +105,41 @@ def select_blocks(
     vl = vl.reshape(-1, 1, 1, 1)
     q0 = (jnp.arange(nqs, dtype=jnp.int32) * query_block).reshape(1, 1, nqs, 1)
     kb = jnp.arange(nkb, dtype=jnp.int32).reshape(1, 1, 1, nkb)
+    cls = _classes(q0, kb, block_size, vl, causal=causal, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
+    return _keep(cls, s, top_k)
+
+
+def select_group(
+    scores_BxHxKb, q0, top_k: int, block_size: int, *, sink_blocks: int = 0, recent_blocks: int = 0
+) -> jax.Array:
+    """bool[B, H, Kb]: the causal selection of the one query group whose first query is `q0` (int32[], may be
+    traced): row `q0 // query_block` of `select_blocks(..., causal=True)` on full sequences, for a decoder that
+    selects as it goes (every block it may choose lies before `q0`, so it is complete)."""
+    top_k, sink_blocks = check_top_k(top_k, sink_blocks, recent_blocks)
+    s = jax.lax.stop_gradient(jnp.asarray(scores_BxHxKb)).astype(jnp.float32)[:, :, None, :]
+    kb = jnp.arange(s.shape[-1], dtype=jnp.int32).reshape(1, 1, 1, -1)
+    q0 = jnp.asarray(q0, jnp.int32).reshape(1, 1, 1, 1)
+    cls = _classes(q0, kb, block_size, q0 + 1, causal=True, sink_blocks=sink_blocks, recent_blocks=recent_blocks)
+    return _keep(cls, s, top_k)[:, :, 0]
+
+
+def _classes(q0, kb, block_size: int, vl, *, causal: bool, sink_blocks: int, recent_blocks: int):
+    """int32 class of each (group, key block): forced, eligible or out (the module docstring's rule)."""
     own = q0 // block_size
     group_ok = q0 < vl
     eligible = group_ok & (kb * block_size < vl) & ((kb < own) if causal else (kb != own))
     recent = jnp.abs(kb - own) <= recent_blocks
     forced = group_ok & ((kb == own) | (eligible & ((kb < sink_blocks) | recent)))
-    cls = jnp.where(forced, _FORCED, jnp.where(eligible, _ELIGIBLE, _OUT)).astype(jnp.int32)
+    return jnp.where(forced, _FORCED, jnp.where(eligible, _ELIGIBLE, _OUT)).astype(jnp.int32)
+
+
+def _keep(cls, s, top_k: int):
+    """bool: the top_k blocks by (class, score), NaN scores ranking with -inf, ties to the lower block index."""
     lead = jnp.broadcast_shapes(cls.shape, s.shape)
     cls = jnp.broadcast_to(cls, lead)
     neg = -s
     neg = jnp.broadcast_to(jnp.where(jnp.isnan(neg), jnp.inf, neg), lead)  # NaN ranks with -inf
-    iota = jnp.broadcast_to(kb, lead)
+    iota = jnp.broadcast_to(jnp.arange(lead[-1], dtype=jnp.int32), lead)
     # One stable sort by (class, -score); ties keep the lower block index first.
     _, _, order = jax.lax.sort((cls, neg, iota), dimension=-1, is_stable=True, num_keys=2)
     rank = jnp.argsort(order, axis=-1).astype(jnp.int32)

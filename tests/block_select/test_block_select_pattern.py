@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import sparse_attn as sa
-from sparse_attn.patterns.block_select import block_select
+from sparse_attn.patterns.block_select import block_select, select_blocks, select_group
 
 TOL = dict(out=1e-5, grad=5e-5)  # float32, as tests/foundation/test_executors.py
 
@@ -199,3 +199,16 @@ def test_bad_arguments_fail_before_tracing(kwargs, match):
     scores = args.pop("scores")
     with pytest.raises(ValueError, match=match):
         block_select(scores, args.pop("n"), args.pop("top_k"), args.pop("block_size"), **args)
+
+
+@pytest.mark.parametrize("sinks, recent", [(0, 0), (1, 1)])
+def test_select_group_is_a_row_of_select_blocks(sinks, recent):
+    """The decoders' one-group selection equals the full selection's row of that group (causal, full length)."""
+    n, k, bs, qb = 29, 4, 4, 2
+    rng = np.random.default_rng(7)
+    scores = rng.integers(0, 3, (2, 3, -(-n // qb), -(-n // bs))).astype(np.float32)  # ties
+    full = np.asarray(select_blocks(scores, n, k, bs, query_block=qb, causal=True, sink_blocks=sinks,
+                                    recent_blocks=recent))  # fmt: skip
+    one = jax.jit(lambda s, q0: select_group(s, q0, k, bs, sink_blocks=sinks, recent_blocks=recent))
+    for g in range(scores.shape[2]):
+        np.testing.assert_array_equal(np.asarray(one(scores[:, :, g], g * qb)), full[:, :, g], err_msg=f"group {g}")

@@ -25,6 +25,8 @@ from sparse_attn.modules import (
     LabelAttentionConfig,
     LocalAttention,
     LongformerAttention,
+    MobaAttentionConfig,
+    NsaAttentionConfig,
 )
 
 N, VOCAB, TOL = 40, 50, 2e-5
@@ -42,6 +44,10 @@ LAYERS = (
     # scheduled, evaluated at the end of its 10-step run: the hard phase
     _labels(landmark_every=9, phase="schedule", num_steps=10, position_cell=4),  # with position labels
     DenseAttention(num_kv_heads=1),
+    # block selection: groups of 2 queries select at their first query, from block means / compressed tokens
+    MobaAttentionConfig(block_size=4, top_k=3, query_block=2, num_kv_heads=2),
+    NsaAttentionConfig(compress_block=6, compress_stride=3, select_block=4, top_n=3, sink_blocks=1, window=3,
+                       query_block=2, tile=2, num_kv_heads=2),
 )
 
 
