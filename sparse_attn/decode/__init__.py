@@ -1,7 +1,8 @@
 """Incremental decoding: per-mechanism KV caches and the model driver (docs/generation.md).
 
 Importing the package registers the decoders of the baselines (dense, local, Longformer, BigBird), of label
-attention, of ABCA (`abca.py`) and of the block-selection baselines (`moba.py`, `nsa.py`); `LMDecoder` runs a `TransformerLM` one token at a time.
+attention, of ABCA (`abca.py`) and of the block-selection baselines (`moba.py`, `nsa.py`); `LMDecoder` runs a
+`TransformerLM` one token at a time.
 """
 
 from sparse_attn.decode import abca, baselines, labels, moba, nsa  # noqa: F401 — register their decoders
