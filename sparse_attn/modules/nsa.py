@@ -209,36 +209,44 @@ class NsaAttention(nnx.Module):
         return x_BxNxGxD if base is None else apply_rope(x_BxNxGxD, positions_N[None], base)
 
     def __call__(self, x_BxNxD: jax.Array, ctx: AttentionContext) -> AttentionOutput:
-        cfg = self.config
         b, n, _ = x_BxNxD.shape
-        h, g = self.proj.num_heads, self.proj.num_kv_heads
-        causal = ctx.causal or cfg.causal
-        vl = jnp.broadcast_to(jnp.asarray(ctx.valid_len, jnp.int32), (b,))
-        l, d = cfg.compress_block, cfg.compress_stride
         q, k_slc, v_slc = self.proj.qkv(x_BxNxD)
-        dt = q.dtype
+        k_cmp, v_cmp = self._kv(self.wk_cmp, self.wv_cmp, x_BxNxD)
+        k_win, v_win = self._kv(self.wk_win, self.wv_win, x_BxNxD)
+        k_win = self._rope(k_win, jnp.arange(n, dtype=jnp.int32))
+        gates = jax.nn.sigmoid(self.gate(x_BxNxD).astype(jnp.float32)).reshape(b, n, 3, self.proj.num_heads, 1)
+        vl = jnp.broadcast_to(jnp.asarray(ctx.valid_len, jnp.int32), (b,))
+        o, stats = self.core(q, (k_cmp, v_cmp), (k_slc, v_slc), (k_win, v_win), gates, vl,
+                             causal=ctx.causal or self.config.causal)  # fmt: skip
+        return AttentionOutput(y=self.proj.out(o), stats=stats)
+
+    def core(self, q_BxNxHxD, cmp_kv, slc_kv, win_kv, gates_BxNx3xHx1, valid_len_B, *, causal: bool):
+        """(o [B, N, H, D], stats): the three branches and their gated sum from the projected queries, each
+        branch's (k, v) [B, N, G, D] (compression: raw, unrotated; selection and window: rotated) and the gates."""
+        cfg = self.config
+        b, n, h, _ = q_BxNxHxD.shape
+        g = slc_kv[0].shape[2]
+        vl, q, dt = valid_len_B, q_BxNxHxD, q_BxNxHxD.dtype
+        l, d = cfg.compress_block, cfg.compress_stride
 
         count = jnp.broadcast_to(compressed_counts(n, l, d, causal=causal, valid_len=vl), (b, n))
         if num_compressed(n, l, d) > 0:
-            k_cmp, v_cmp = self._kv(self.wk_cmp, self.wv_cmp, x_BxNxD)
-            kc, vc = self.phi_k(k_cmp, d, vl), self.phi_v(v_cmp, d, vl)
+            kc, vc = self.phi_k(cmp_kv[0], d, vl), self.phi_v(cmp_kv[1], d, vl)
             kc = self._rope(kc, jnp.asarray(block_starts(n, l, d) + l - 1))  # a block speaks from its last key
             o_cmp, p = compressed_attention(q, kc.astype(dt), vc.astype(dt), count)
         else:  # shorter than one compressed block: the branch is empty, selection falls back to sinks and recency
             o_cmp, p = jnp.zeros_like(q), jnp.zeros((b, h, n, 1), jnp.float32)
         sel = nsa_selection(p, n, cfg, g, causal=causal, valid_len=vl)
         o_slc = selected_attention(
-            q, k_slc, v_slc, sel, cfg.selection, causal=causal, valid_len=vl, implementation=cfg.implementation
+            q, *slc_kv, sel, cfg.selection, causal=causal, valid_len=vl, implementation=cfg.implementation
         )
-        k_win, v_win = self._kv(self.wk_win, self.wv_win, x_BxNxD)
-        k_win = self._rope(k_win, jnp.arange(n, dtype=jnp.int32))
         win = sliding_window(n, cfg.window, causal=causal, valid_len=vl)
-        o_win = attention(q, k_win.astype(dt), v_win.astype(dt), win, implementation=cfg.implementation)
+        o_win = attention(q, win_kv[0].astype(dt), win_kv[1].astype(dt), win, implementation=cfg.implementation)
 
-        gates = jax.nn.sigmoid(self.gate(x_BxNxD).astype(jnp.float32)).reshape(b, n, 3, h, 1)
-        o = sum(gates[:, :, i] * o_ for i, o_ in enumerate((o_cmp, o_slc, o_win)))
+        o = sum(gates_BxNx3xHx1[:, :, i] * o_ for i, o_ in enumerate((o_cmp, o_slc, o_win)))
         stats = nsa_stats(count, sel, win, n, cfg, causal=causal, valid_len=vl)
         live = (jnp.arange(n)[None] < vl[:, None])[:, :, None, None]
         for i, name in enumerate(BRANCHES):
-            stats[f"gate_{name}"] = jnp.sum(jnp.where(live, gates[:, :, i], 0.0)) / jnp.maximum(jnp.sum(vl) * h, 1)
-        return AttentionOutput(y=self.proj.out(o.astype(dt)), stats=jax.lax.stop_gradient(stats))
+            gate = jnp.where(live, gates_BxNx3xHx1[:, :, i], 0.0)
+            stats[f"gate_{name}"] = jnp.sum(gate) / jnp.maximum(jnp.sum(vl) * h, 1)
+        return o.astype(dt), jax.lax.stop_gradient(stats)
