@@ -1,0 +1,126 @@
+"""MoBA and NSA cores against dense causal attention, measured side by side in one run (issue 35's acceptance).
+
+Command (CPU, fp32; the numbers in docs/moba.md and docs/nsa.md):
+  python -m experiments.benchmarks.block_select --n 4096 16384
+
+At length n, both run at about 1/16 of causal dense's pairs or fewer: MoBA with key blocks of n / 128 and the top-4
+(own included: ~3.5 n / 128 keys a query); NSA with compressed tokens every n / 128 (blocks of twice that),
+selection blocks of n / 256, top-4, and a window of n / 256. The cores are what the layers compute from projected
+q, k, v [B, N, H, D] (NSA: per-branch k, v and the gates), on the "xla" executor; their projections are excluded.
+Forward+backward differentiates w.r.t. q, k, v (and NSA's gates and compression MLPs). Dense is
+`jax.nn.dot_product_attention(is_causal=True)` on the same q, k, v. At 16384 every method runs one head (dense's N x N
+logits must fit), at 4096 four. Acceptance: fwd+bwd >= 10x faster than dense at 16384.
+
+Writes: experiments/results/bench_block_select.{md,json}.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sparse_attn.modules import MobaAttentionConfig, NsaAttentionConfig
+from sparse_attn.modules.moba import moba_core, moba_selection, moba_stats
+from sparse_attn.studies import bench as benchlib
+from sparse_attn.studies import cli
+
+
+def moba_config(n: int) -> MobaAttentionConfig:
+    return MobaAttentionConfig(block_size=max(n // 128, 1), top_k=4, causal=True, implementation="xla")
+
+
+def nsa_config(n: int) -> NsaAttentionConfig:
+    d = max(n // 128, 1)
+    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=max(n // 256, 1), top_n=4,
+                              sink_blocks=0, recent_blocks=0, window=max(n // 256, 1), causal=True,
+                              implementation="xla")  # fmt: skip
+
+
+def _inputs(n: int, batch: int, heads: int, head_dim: int, count: int):
+    keys = jax.random.split(jax.random.PRNGKey(0), count)
+    return tuple(jax.random.normal(kk, (batch, n, heads, head_dim), jnp.float32) for kk in keys)
+
+
+def moba_core_fn(n: int, batch: int, heads: int, head_dim: int):
+    """(fn, args, stats): selection (no gradient) and attention over it, from q, k, v."""
+    cfg = moba_config(n)
+    vl = jnp.full((batch,), n, jnp.int32)
+
+    def fn(q, k, v):
+        sel = moba_selection(q, k, cfg, causal=True, valid_len=vl)
+        return moba_core(q, k, v, sel, cfg, causal=True, valid_len=vl)
+
+    q, k, v = _inputs(n, batch, heads, head_dim, 3)
+    sel = jax.jit(lambda q, k: moba_selection(q, k, cfg, causal=True, valid_len=vl))(q, k)
+    stats = moba_stats(sel, n, cfg, causal=True, valid_len=vl)
+    return fn, (q, k, v), {"block_size": cfg.block_size, "keys_per_query": float(stats["keys_per_query"])}
+
+
+def nsa_core_fn(n: int, batch: int, heads: int, head_dim: int):
+    """(fn, args, stats): the three branches and their gated sum (`NsaAttention.core`) from projected inputs."""
+    cfg = nsa_config(n)
+    module = cfg.make(heads * head_dim, heads, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module, nnx.Param)
+    vl = jnp.full((batch,), n, jnp.int32)
+
+    def fn(q, kc, vc, ks, vs, kw, vw, gates, params):
+        layer = nnx.merge(graphdef, params)
+        return layer.core(q, (kc, vc), (ks, vs), (kw, vw), gates, vl, causal=True)[0]
+
+    gates = jax.nn.sigmoid(jax.random.normal(jax.random.PRNGKey(1), (batch, n, 3, heads, 1)))
+    args = (*_inputs(n, batch, heads, head_dim, 7), gates, params)
+    stats = jax.jit(lambda *a: nnx.merge(graphdef, a[-1]).core(a[0], a[1:3], a[3:5], a[5:7], a[7], vl,
+                                                               causal=True)[1])(*args)  # fmt: skip
+    keep = ("keys_per_query", "keys_cmp", "keys_slc", "keys_win")
+    return fn, args, {"compress_stride": cfg.compress_stride, **{k: float(stats[k]) for k in keep}}
+
+
+def run(args) -> list[benchlib.Row]:
+    rows = []
+    for n in args.n:
+        heads = args.heads if n <= 4096 else 1
+        d = args.head_dim
+        dense_keys = (n + 1) / 2
+        q, k, v = _inputs(n, args.batch, heads, d, 3)
+        dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        rows.append(benchlib.measure("dense", "jax.nn", n, dense, (q, k, v), repeats=args.repeats,
+                                     flops=4.0 * args.batch * heads * n * dense_keys * d))  # fmt: skip
+        _print(rows[-1])
+        for name, build in (("moba", moba_core_fn), ("nsa", nsa_core_fn)):
+            fn, fargs, st = build(n, args.batch, heads, d)
+            st["pairs_vs_dense"] = st["keys_per_query"] / dense_keys
+            rows.append(benchlib.measure(name, "xla", n, fn, fargs, repeats=args.repeats,
+                                         flops=4.0 * args.batch * heads * n * st["keys_per_query"] * d, extra=st))
+            _print(rows[-1])
+    return benchlib.add_ratios(rows)
+
+
+def _print(row):
+    print(f"  n={row.n} {row.method:6s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
+          f"mem {row.mem_bytes / 2**20:8.1f} MiB  {row.extra}", flush=True)  # fmt: skip
+
+
+@cli.entry_point
+def main(argv=None):
+    p = cli.ArgumentParser(__doc__)
+    p.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--head-dim", type=int, default=64)
+    benchlib.add_timing_args(p, tag="bench_block_select", batch=1, heads=4)
+    args = p.parse_args(argv)
+    os.makedirs(args.out_dir, exist_ok=True)
+    command = "python -m experiments.benchmarks.block_select " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"# {command}\n# {benchlib.environment()}")
+    rows = run(args)
+    print(benchlib.format_table(rows))
+    base = os.path.join(args.out_dir, args.tag)
+    benchlib.write_report(rows, base, command, vars(args))
+    print(f"wrote {base}.json, {base}.md")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
