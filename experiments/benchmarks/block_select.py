@@ -3,13 +3,13 @@
 Command (CPU, fp32; the numbers in docs/moba.md and docs/nsa.md):
   python -m experiments.benchmarks.block_select --n 4096 16384
 
-At length n, both run at about 1/16 of causal dense's pairs or fewer: MoBA with key blocks of n / 128 and the top-4
-(own included: ~3.5 n / 128 keys a query); NSA with compressed tokens every n / 128 (blocks of twice that),
-selection blocks of n / 256, top-4, and a window of n / 256. The cores are what the layers compute from projected
-q, k, v [B, N, H, D] (NSA: per-branch k, v and the gates), on the "xla" executor; their projections are excluded.
-Forward+backward differentiates w.r.t. q, k, v (and NSA's gates and compression MLPs). Dense is
-`jax.nn.dot_product_attention(is_causal=True)` on the same q, k, v. At 16384 every method runs one head (dense's N x N
-logits must fit), at 4096 four. Acceptance: fwd+bwd >= 10x faster than dense at 16384.
+At length n, both run at about 1/16 of causal dense's pairs or fewer (`studies.bench.moba_config`, `nsa_config`):
+MoBA with key blocks of n / 128 and the top-4 (own included: ~3.5 n / 128 keys a query); NSA with compressed
+tokens every n / 128 (blocks of twice that), selection blocks of n / 256, top-4, and a window of n / 256. The
+cores are what the layers compute from projected q, k, v [B, N, H, D] (NSA: per-branch k, v and the gates), on
+the "xla" executor; their projections are excluded. Forward+backward differentiates w.r.t. q, k, v (and NSA's
+gates and compression MLPs). Dense is `jax.nn.dot_product_attention(is_causal=True)` on the same q, k, v. At
+16384 every method runs one head (dense's N x N logits must fit), at 4096 four. Acceptance: fwd+bwd >= 10x faster than dense at 16384.
 
 Writes: experiments/results/bench_block_select.{md,json}.
 """
@@ -23,21 +23,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules import MobaAttentionConfig, NsaAttentionConfig
 from sparse_attn.modules.moba import moba_core, moba_selection, moba_stats
 from sparse_attn.studies import bench as benchlib
 from sparse_attn.studies import cli
-
-
-def moba_config(n: int) -> MobaAttentionConfig:
-    return MobaAttentionConfig(block_size=max(n // 128, 1), top_k=4, causal=True, implementation="xla")
-
-
-def nsa_config(n: int) -> NsaAttentionConfig:
-    d = max(n // 128, 1)
-    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=max(n // 256, 1), top_n=4,
-                              sink_blocks=0, recent_blocks=0, window=max(n // 256, 1), causal=True,
-                              implementation="xla")  # fmt: skip
 
 
 def _inputs(n: int, batch: int, heads: int, head_dim: int, count: int):
@@ -47,7 +35,7 @@ def _inputs(n: int, batch: int, heads: int, head_dim: int, count: int):
 
 def moba_core_fn(n: int, batch: int, heads: int, head_dim: int):
     """(fn, args, stats): selection (no gradient) and attention over it, from q, k, v."""
-    cfg = moba_config(n)
+    cfg = benchlib.moba_config(n, "xla")
     vl = jnp.full((batch,), n, jnp.int32)
 
     def fn(q, k, v):
@@ -62,7 +50,7 @@ def moba_core_fn(n: int, batch: int, heads: int, head_dim: int):
 
 def nsa_core_fn(n: int, batch: int, heads: int, head_dim: int):
     """(fn, args, stats): the three branches and their gated sum (`NsaAttention.core`) from projected inputs."""
-    cfg = nsa_config(n)
+    cfg = benchlib.nsa_config(n, "xla")
     module = cfg.make(heads * head_dim, heads, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(module, nnx.Param)
     vl = jnp.full((batch,), n, jnp.int32)

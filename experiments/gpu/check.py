@@ -11,13 +11,15 @@ Command (one H200, nothing installed: Python 3.12, jax 0.11.2, flax, optax, orba
 Order (whatever does not fit the budget is recorded as a `skipped` row, never silently dropped):
   1. n = 16384, d = 64, then d = 128; B = 1, H = 16 (no GQA), bf16, fwd then fwd+bwd per method:
      cudnn_dense, ours_dense, ours_window256, ours_labels, ours_abca256, ours_causal, ours_labels_bucketed(64),
-     cudnn_causal (the kernels on a pattern: `pallas_attention`; `ours_labels_bucketed`: the same labels as a
-     `LabelPattern` through "bucketed_pallas", the kernels in bucket-entry space; `..._bucketed64` with 64x64
-     tiles), then the whole mechanism cores as a user calls them with
+     cudnn_causal, moba_core, nsa_core (the kernels on a pattern: `pallas_attention`; `ours_labels_bucketed`: the
+     same labels as a `LabelPattern` through "bucketed_pallas", the kernels in bucket-entry space;
+     `..._bucketed64` with 64x64 tiles), then the whole mechanism cores as a user calls them with
      `implementation=None` (`<mech>_core_default`; the table names what None resolved to): `abca_core_*`
      (`abca_core`, anchors every 256), `labels_core_*` (the label module's router + hard-phase `label_core`:
      window 1024, 3 of 32 labels), `routing_core_*` (the non-crossing module's `core`: router, diagrams, key rows,
-     attention; the issue's name "routing" for the mechanism the code calls "noncrossing").
+     attention; the issue's name "routing" for the mechanism the code calls "noncrossing"). `moba_core` and
+     `nsa_core`: the block-selection baselines' cores at ~1/18 and ~1/23 of causal dense's pairs
+     (`studies.bench.moba_config`, `nsa_config`; default executors).
   2. The cores' other explicit implementations at d = 64 (`abca_core_pallas`, ..., "xla" last).
   3. Scaling, d = 64, n = 65536 and 131072: cudnn_dense, the window/ABCA/label kernels and the three cores (None).
   4. The cores' other implementations at d = 128.

@@ -1,6 +1,6 @@
 """What the GPU check times: the plan (sizes, budget), the patterns, and each method as a jitted fwd and fwd+bwd
-(our kernels, cuDNN, the three mechanism cores); `method_list` gives them in the check's priority order
-(experiments/gpu/check.py)."""
+(our kernels, cuDNN, the three mechanism cores, the MoBA and NSA cores); `method_list` gives them in the check's
+priority order (experiments/gpu/check.py)."""
 
 from __future__ import annotations
 
@@ -214,6 +214,40 @@ def routing_method(p: Plan, n: int, d: int, impl: str | None) -> Method:
     return Method(fn, (x, params), grad_extra=True)
 
 
+def moba_method(n: int) -> Method:
+    """MoBA's gate and attention over its selection (`studies.bench.moba_config`: blocks of n / 128, top-4)."""
+    from sparse_attn.modules.moba import moba_core, moba_selection, moba_stats
+    from sparse_attn.studies.bench import moba_config
+
+    cfg = moba_config(n)
+
+    def fn(q, k, v):
+        vl = jnp.full((q.shape[0],), n, jnp.int32)
+        sel = moba_selection(q, k, cfg, causal=True, valid_len=vl)
+        o = moba_core(q, k, v, sel, cfg, causal=True, valid_len=vl)
+        return o, moba_stats(sel, n, cfg, causal=True, valid_len=vl)["keys_per_query"] * n
+
+    return Method(fn)
+
+
+def nsa_method(p: Plan, n: int, d: int) -> Method:
+    """NSA's three branches and gates (`NsaAttention.core`, `studies.bench.nsa_config`), every branch fed q's k, v."""
+    from flax import nnx
+
+    from sparse_attn.studies.bench import nsa_config
+
+    module = nsa_config(n).make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module, nnx.Param)
+    gates = jax.nn.sigmoid(jax.random.normal(jax.random.key(4), (1, n, 3, p.heads, 1), jnp.float32))
+
+    def fn(q, k, v, gates, params):
+        vl = jnp.full((q.shape[0],), n, jnp.int32)
+        o, stats = nnx.merge(graphdef, params).core(q, (k, v), (k, v), (k, v), gates, vl, causal=True)
+        return o, stats["keys_per_query"] * n
+
+    return Method(fn, (gates, params))
+
+
 def core_impls(mech: str) -> tuple[str | None, list[str]]:
     """(what None resolves to on this platform, the explicit implementations to time besides None)."""
     from sparse_attn.patterns.abca import ZonePattern
@@ -269,6 +303,7 @@ def method_list(p: Plan, n: int, d: int, part: str) -> list[tuple[str, object]]:
     out += [(f"ours_{k}", ours(k)) for k in kinds]
     if part == "main":
         out.append(("cudnn_causal", lambda: cudnn_method(p, True, pairs("causal"))))
+        out += [("moba_core", lambda: moba_method(n)), ("nsa_core", lambda: nsa_method(p, n, d))]
     return out + [(f"{mech}_core_default", lambda mech=mech: build[mech](None)) for mech in CORES]
 
 

@@ -16,6 +16,23 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.modules.moba import MobaAttentionConfig
+from sparse_attn.modules.nsa import NsaAttentionConfig
+
+
+def moba_config(n: int, implementation: str | None = None) -> MobaAttentionConfig:
+    """MoBA as the timing scripts run it at length n (CPU benchmark, GPU check): key blocks of n / 128 (>= 16), top-4
+    with the own block, causal: ~3.5 n / 128 keys a query, ~1/18 of causal dense's pairs."""
+    return MobaAttentionConfig(block_size=max(n // 128, 16), top_k=4, causal=True, implementation=implementation)
+
+
+def nsa_config(n: int, implementation: str | None = None) -> NsaAttentionConfig:
+    """NSA as the timing scripts run it: compressed tokens every n / 128 (blocks twice that), selection blocks of
+    n / 256 (>= 16), top-4, a window of n / 256, causal: ~1/23 of causal dense's pairs at 16384."""
+    d, small = max(n // 128, 1), max(n // 256, 16)
+    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=small, top_n=4, sink_blocks=0,
+                              recent_blocks=0, window=small, causal=True, implementation=implementation)
+
 
 def time_fn(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time in seconds of `fn(*args)` (jitted by the caller), blocked until ready."""
