@@ -57,6 +57,7 @@ def _group(ns, variants, budget):
 
 PLAN = [
     *_group((4096,), ("dense", "local", "labels", "abca_fixed"), 128),
+    *_group((4096,), ("moba", "nsa"), 128),  # the trainable sparse baselines (issue 35) beside them
     *_group((4096,), ("abca", "local"), 24),
     *_group((16384,), ("dense", "local", "labels", "abca_fixed"), 128),
     *_group((4096,), ("longformer",), 128),

@@ -64,5 +64,5 @@ GRIDS = {
     # Passkey beyond the CPU's lengths (--config gpu): 1k at the CPU cells' 24 keys per query, then 4k and 16k at
     # gpu_lm's 128 (labels cannot be matched to 24 there: its landmarks alone give 43 keys at n = 4096).
     "gpu": [("passkey", Cell(n, v, 24 if n == 1024 else 128, 0)) for n in (1024, 4096, 16384)
-            for v in ("dense", "local", "labels", "abca_fixed")],
+            for v in ("dense", "local", "labels", "abca_fixed", "moba", "nsa")],
 }

@@ -112,9 +112,18 @@ VARIANTS: dict[str, Variant | None] = {
     "abca_learned": _abca(placement="learned", boundary_ids=(NEWLINE,)),
     # MoBA (arXiv 2502.13189): the own block plus the top-2 of the earlier blocks by q · mean(K_block), the paper's
     # top-3; the block size is tuned.
-    "moba": Variant(lambda bs, n, t: MobaAttentionConfig(block_size=bs, top_k=3, causal=True), "block_size"),
+    "moba": Variant(lambda u, n, t: MobaAttentionConfig(block_size=u * moba_unit(t), top_k=3, causal=True,
+                                                        tile=16 if moba_unit(t) == 16 else None),
+                    "block_size / moba_unit"),
     "nsa": Variant(lambda w, n, t: nsa_for_budget(w, n, t), "window"),
 }
+
+
+def moba_unit(target: float) -> int:
+    """MoBA's block size is tuned in units of 1 below 64 keys a query and of 16 from 64 on, so that a matched layout
+    tiles by 16 (tile 16: the smallest "pallas" tile on a GPU) where GPUs run it; the CPU cells (6-24 keys) keep
+    any size and the default tile."""
+    return 16 if target >= 64 else 1
 
 
 def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
