@@ -57,7 +57,7 @@ def test_per_token_gate_is_the_papers_rule():
     assert keys == pytest.approx(want[np.broadcast_to(live[:, None], want.shape)].mean(), rel=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["xla"])
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
 def test_module_matches_the_reference_with_zero_gradient_to_masked_keys(impl):
     cfg = MobaAttentionConfig(block_size=BLOCK, top_k=2, causal=True, num_kv_heads=G, rope_base=None)
     x = jax.random.normal(jax.random.PRNGKey(3), (B, N, 32))
