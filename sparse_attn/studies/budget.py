@@ -23,7 +23,8 @@ Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k 
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
 counted exactly, the rest at P), abca (newline anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps),
 abca_global (global handshake), abca_fixed, abca_learned (score head trained towards newlines), moba (block size
-tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks), nsa (window tuned;
+tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token
+blocks, top_k tuned), nsa (window tuned;
 compression and selection sized from the budget, `nsa_for_budget`; keys in closed form, as MoBA's).
 """
 
@@ -115,6 +116,9 @@ VARIANTS: dict[str, Variant | None] = {
     "moba": Variant(lambda u, n, t: MobaAttentionConfig(block_size=u * moba_unit(t), top_k=3, causal=True,
                                                         tile=16 if moba_unit(t) == 16 else None),
                     "block_size / moba_unit"),
+    # MoBA with one-token blocks: content top-k over single keys by q · k, the top_k tuned; for budgets the top-3 of
+    # whole blocks cannot meet (recall cpu_small at 6 keys: blocks of 2 give 5.1 keys, of 3 give 7.1).
+    "moba_b1": Variant(lambda k, n, t: MobaAttentionConfig(block_size=1, top_k=k, causal=True), "top_k"),
     "nsa": Variant(lambda w, n, t: nsa_for_budget(w, n, t), "window"),
 }
 
