@@ -14,7 +14,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -23,10 +22,11 @@ from experiments.benchmarks import attention as bench_attention
 from experiments.lm import configs as lm_configs
 from experiments.lm import train as lm_train
 from sparse_attn.data import TextSource
-from sparse_attn.studies import mechanisms
-from sparse_attn.train import TrainConfig
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext, AttentionOutput, DenseAttention, Projections
+from sparse_attn.studies import mechanisms
+from sparse_attn.train import TrainConfig
+from tests.lm_steps import two_train_steps
 
 
 # -- pattern: pure, a pytree, with the oracle -----------------------------------------------------------------
@@ -133,23 +133,9 @@ def test_toy_module_trains_in_the_language_model():
         attention=(StridedAttentionConfig(stride=2), DenseAttention()),
     )  # fmt: skip
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
-    opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 32)
-
-    @nnx.jit
-    def step(m, o):
-        def loss_fn(m):
-            out = m(tokens[:, :-1], valid_len=jnp.array([15, 11]))
-            ce = optax.softmax_cross_entropy_with_integer_labels(out.logits, tokens[:, 1:]).mean()
-            return ce, out.stats
-
-        (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(m)
-        o.update(m, grads)
-        return loss, stats
-
-    loss0, stats = step(model, opt)
-    loss1, _ = step(model, opt)
-    assert np.isfinite(float(loss0)) and float(loss1) < float(loss0)
+    loss0, loss1, stats = two_train_steps(model, tokens, valid_len=[15, 11])
+    assert np.isfinite(loss0) and loss1 < loss0
     assert float(stats["layer0/strided/stride"]) == 2.0
 
 

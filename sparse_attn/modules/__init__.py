@@ -4,8 +4,8 @@ from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig
 from sparse_attn.modules.base import AttentionConfig, AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig
 from sparse_attn.modules.moba import MobaAttention, MobaAttentionConfig
-from sparse_attn.modules.nsa import NsaAttention, NsaAttentionConfig
 from sparse_attn.modules.noncrossing import NoncrossingAttention, NoncrossingAttentionConfig
+from sparse_attn.modules.nsa import NsaAttention, NsaAttentionConfig
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
     DenseAttention,

@@ -79,9 +79,6 @@ class MobaAttentionConfig:
         return Blocks.of(self.block_size, self.query_block, self.tile, self.top_k)
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "MobaAttention":
-        g = self.num_kv_heads or num_heads
-        if num_heads % g:
-            raise ValueError(f"num_kv_heads ({g}) must divide num_heads ({num_heads})")
         return MobaAttention(self, model_dim, num_heads, rngs=rngs)
 
 

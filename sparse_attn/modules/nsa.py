@@ -92,9 +92,6 @@ class NsaAttentionConfig:
         return Blocks.of(self.select_block, self.query_block, self.tile, self.top_n)
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "NsaAttention":
-        g = self.num_kv_heads or num_heads
-        if num_heads % g:
-            raise ValueError(f"num_kv_heads ({g}) must divide num_heads ({num_heads})")
         return NsaAttention(self, model_dim, num_heads, rngs=rngs)
 
 

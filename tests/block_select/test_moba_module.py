@@ -4,7 +4,6 @@ scores every key block by q · mean(K_block), keeps its own block (causally) and
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -12,6 +11,7 @@ from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext
 from sparse_attn.modules.moba import MobaAttentionConfig, moba_layout, moba_selection, moba_stats
 from sparse_attn.studies.budget import moba_keys
+from tests.lm_steps import two_train_steps
 
 B, N, H, G, D = 2, 24, 4, 2, 8
 BLOCK, TOP_K = 4, 3
@@ -77,22 +77,9 @@ def test_module_trains_in_the_causal_lm():
     cfg = TransformerConfig(vocab_size=32, model_dim=32, num_heads=H, num_layers=1, mlp_dim=64,
                             attention=(MobaAttentionConfig(block_size=BLOCK, top_k=2),))
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
-    opt = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, N + 1), 0, 32)
-
-    @nnx.jit
-    def step(m, o):
-        def loss_fn(m):
-            out = m(tokens[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(out.logits, tokens[:, 1:]).mean(), out.stats
-
-        (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(m)
-        o.update(m, grads)
-        return loss, stats
-
-    loss0, stats = step(model, opt)
-    loss1, _ = step(model, opt)
-    assert np.isfinite(float(loss0)) and float(loss1) < float(loss0)
+    loss0, loss1, stats = two_train_steps(model, tokens)
+    assert np.isfinite(loss0) and loss1 < loss0
     assert 0 < float(stats["layer0/keys_per_query"]) <= BLOCK * 2
 
 

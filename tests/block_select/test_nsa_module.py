@@ -6,7 +6,6 @@ local blocks), and the layer's causality, padding, executors and errors."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
@@ -17,6 +16,7 @@ from sparse_attn.modules.nsa import NsaAttentionConfig, compressed_attention, ns
 from sparse_attn.patterns.block_select import layout_from_selection
 from sparse_attn.patterns.compressed import compressed_counts, compressed_intervals, num_compressed
 from sparse_attn.studies.budget import nsa_keys
+from tests.lm_steps import two_train_steps
 
 B, N, H, G, D = 2, 24, 4, 2, 8
 VL = (N, 17)
@@ -142,22 +142,9 @@ def test_lm_trains_and_keys_match_the_budget_formula():
     cfg = _cfg(query_block=4, tile=2, recent_blocks=1)
     model = TransformerLM(TransformerConfig(vocab_size=32, model_dim=16, num_heads=H, num_layers=1, mlp_dim=32,
                                             attention=(cfg,)), rngs=nnx.Rngs(0))  # fmt: skip
-    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     tokens = jax.random.randint(jax.random.PRNGKey(8), (B, N + 1), 0, 32)
-
-    @nnx.jit
-    def step(m, o):
-        def loss_fn(m):
-            out = m(tokens[:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(out.logits, tokens[:, 1:]).mean(), out.stats
-
-        (loss, stats), grads = nnx.value_and_grad(loss_fn, has_aux=True)(m)
-        o.update(m, grads)
-        return loss, stats
-
-    loss0, stats = step(model, opt)
-    loss1, _ = step(model, opt)
-    assert np.isfinite(float(loss0)) and float(loss1) < float(loss0)
+    loss0, loss1, stats = two_train_steps(model, tokens, lr=1e-2)
+    assert np.isfinite(loss0) and loss1 < loss0
     # `studies.budget.nsa_keys` (closed form, the grids' budget matching) == what the layer measures
     assert float(stats["layer0/keys_per_query"]) == pytest.approx(nsa_keys(cfg, N), rel=1e-6)
 
