@@ -22,7 +22,6 @@ Writes: a markdown table and JSON under experiments/results/ (bench_abca.{md,jso
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import jax
@@ -267,7 +266,7 @@ def main(argv=None):
         print("\n".join(draw_figures(args.figures)))
         return []
     os.makedirs(args.out_dir, exist_ok=True)
-    command = "python -m experiments.benchmarks.abca " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = benchlib.command_line("experiments.benchmarks.abca", argv)
     env = dict(benchlib.environment(), load_avg_at_start=os.getloadavg())
     print(f"# {command}\n# {env}")
     rows = run(args)

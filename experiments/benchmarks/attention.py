@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Callable
 
 import jax
@@ -163,9 +162,7 @@ def main(argv=None):
     for impl in args.impls:
         if impl not in sparse_attn.available_implementations():
             p.error(f"implementation {impl!r} is not available here; have {sparse_attn.available_implementations()}")
-    os.makedirs(args.out_dir, exist_ok=True)
-    command = "python -m experiments.benchmarks.attention " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"# {command}\n# {benchlib.environment()}")
+    command = benchlib.announce("experiments.benchmarks.attention", argv, args.out_dir)
     rows = run(args)
     base = os.path.join(args.out_dir, args.tag)
     print(benchlib.write_report(rows, base, command, vars(args)))

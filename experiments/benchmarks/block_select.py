@@ -17,7 +17,6 @@ Writes: experiments/results/bench_block_select.{md,json}.
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -99,9 +98,7 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     benchlib.add_timing_args(p, tag="bench_block_select", batch=1, heads=4)
     args = p.parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
-    command = "python -m experiments.benchmarks.block_select " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"# {command}\n# {benchlib.environment()}")
+    command = benchlib.announce("experiments.benchmarks.block_select", argv, args.out_dir)
     rows = run(args)
     print(benchlib.format_table(rows))
     base = os.path.join(args.out_dir, args.tag)

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import statistics
-import sys
 import time
 
 import jax
@@ -135,7 +134,7 @@ def report(raw: dict, args, argv, show: bool = False) -> dict:
             row["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(d["runs"][0]["losses"], r["runs"][0]["losses"]))
         rows.append(row)
 
-    command = "python -m experiments.benchmarks.lm_step " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = benchlib.command_line("experiments.benchmarks.lm_step", argv)
     load = os.getloadavg()
     base = os.path.join(args.out, "bench_lm_step" + (f"_{args.tag}" if args.tag else ""))
     os.makedirs(args.out, exist_ok=True)

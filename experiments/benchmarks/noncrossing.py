@@ -16,7 +16,6 @@ Writes: experiments/results/bench_noncrossing.{md,json}.
 from __future__ import annotations
 
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -113,9 +112,7 @@ def main(argv=None):
     p.add_argument("--dense-max-n", type=int, default=4096)
     benchlib.add_timing_args(p, tag="bench_noncrossing", batch=1, heads=4)
     args = p.parse_args(argv)
-    os.makedirs(args.out_dir, exist_ok=True)
-    command = "python -m experiments.benchmarks.noncrossing " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"# {command}\n# {benchlib.environment()}")
+    command = benchlib.announce("experiments.benchmarks.noncrossing", argv, args.out_dir)
     rows = run(args)
     table = benchlib.format_table(rows)
     by = {(r.method, r.n): r for r in rows}

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import statistics
-import sys
 from unittest import mock
 
 import jax
@@ -68,7 +67,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="experiments/results")
     args = p.parse_args(argv)
     names = bench_lm_step.check_names(p, "--mechanisms", args.mechanisms, mechanism_names(causal=True))
-    command = "python -m experiments.benchmarks.shared_patterns " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = benchlib.command_line("experiments.benchmarks.shared_patterns", argv)
 
     corpus = lm_configs.smoke().data.load()
     it = RandomWindows(corpus.train_U8, seed=0, global_batch=args.batch, seq_len=args.seq_len, process_index=0,

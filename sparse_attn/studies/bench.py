@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Callable
 
@@ -119,6 +120,19 @@ def format_table(rows: list[Row]) -> str:
             f"{fmt(r.speedup_fwd, '.2f')}x | {fmt(r.speedup_fwd_bwd, '.2f')}x | {fmt(r.mem_ratio, '.2f')}x |"
         )
     return "\n".join(lines)
+
+
+def command_line(module: str, argv=None) -> str:
+    """The command that reproduces this run: `python -m <module> <its arguments>` (argv None: the process's own)."""
+    return " ".join(["python -m", module, *(argv if argv is not None else sys.argv[1:])])
+
+
+def announce(module: str, argv, out_dir: str) -> str:
+    """Creates `out_dir` and prints the command and the environment every table carries; returns the command."""
+    os.makedirs(out_dir, exist_ok=True)
+    command = command_line(module, argv)
+    print(f"# {command}\n# {environment()}", flush=True)
+    return command
 
 
 def environment() -> dict:
