@@ -39,9 +39,10 @@ def _fold_heads(x_BxNxCxD: jax.Array, h: int) -> jax.Array:
 
 def selected_attention(
     q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, selected_BxHxQsxKb, blocks: Blocks, *, causal: bool, valid_len=None,
-    implementation: str | None = None,
+    implementation: str | None = None, **options,
 ) -> jax.Array:  # fmt: skip
-    """out [B, N, H, D]: attention over the layout of `selected` through `attention(..., implementation)`.
+    """out [B, N, H, D]: attention over the layout of `selected` through `attention(..., implementation,
+    **options)` (options: the executor's, e.g. a `KernelConfig` as `config` for "pallas").
 
     Every (batch, query head) runs as its own batch row with one head (K/V repeated per query head, as the
     reference executor does), because the "xla" executor gathers a BlockLayout's random blocks of pattern head 0
@@ -57,7 +58,7 @@ def selected_attention(
     )  # fmt: skip
     o = attention(
         _fold_heads(q_BxNxHxD, h), _fold_heads(k_BxNxGxD, h), _fold_heads(v_BxNxGxD, h), layout,
-        implementation=implementation,
+        implementation=implementation, **options,
     )  # fmt: skip
     return jnp.moveaxis(o.reshape(b, h, n, d), 1, 2)
 
