@@ -18,6 +18,7 @@ RANK = {
     "models": 5,
     "train": 6,
     "decode": 6,  # beside train: above modules and models, below experiments
+    "diagnostics": 6,  # probes of trained models (issue 37), beside train and decode
     "studies": 7,  # what the experiments share: above everything else in the library
 }
 
