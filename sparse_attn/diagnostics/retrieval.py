@@ -5,9 +5,10 @@
 
 A passkey digit's query and the digit it must copy, a recall query and its value, a closing bracket and its partner:
 recall 0 says the pattern never admits the pair (no training can fix that), recall 1 with mass near 0 says it does
-and the softmax has not learned it. Both read any pattern with `allowed(q_pos, k_pos)` (Intervals, BlockLayout,
-LabelPattern) or else its `to_dense()`; the mass is one softmax over the pattern's keys (`attention(...,
-return_lse=True)`), so for multi-pass mechanisms (ABCA's anchors and handshake) it is the mass of that one pass.
+and the softmax has not learned it. Both read Intervals and BlockLayouts pair by pair (`allowed`), any other
+pattern (LabelPattern, ABCA's ZonePattern) through its `to_dense()` oracle; the mass is one softmax over the
+pattern's keys (`attention(..., return_lse=True)`), so for multi-pass mechanisms (ABCA's anchors and handshake)
+it is the mass of that one pass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn.attention import attention
+from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.common import is_concrete
+from sparse_attn.patterns.intervals import Intervals
 
 
 def _positions(name: str, pos, n: int) -> jax.Array:
@@ -39,9 +42,9 @@ def pattern_recall(pattern, q_pos_BxP, k_pos_BxP) -> jax.Array:
     q, k = _positions("q_pos", q_pos_BxP, n), _positions("k_pos", k_pos_BxP, n)
     if q.shape[1] != k.shape[1]:
         raise ValueError(f"q_pos and k_pos must hold the same number of pairs, got {q.shape} and {k.shape}")
-    if hasattr(pattern, "allowed"):
+    if isinstance(pattern, (Intervals, BlockLayout)):
         ok = pattern.allowed(q[:, None, :, None], k[:, None, :, None])[..., 0, 0]
-    else:  # e.g. ABCA's ZonePattern: its dense oracle
+    else:  # label and zone patterns: their dense oracle
         dense = pattern.to_dense()  # [B|1, H|1, N, N]
         b = max(dense.shape[0], q.shape[0])
         dense = jnp.broadcast_to(dense, (b,) + dense.shape[1:])

@@ -1,0 +1,104 @@
+"""Per layer and head of a trained model: is the pair a task needs in the layer's pattern, and how much attention
+does it get (`retrieval.pattern_recall`, `retrieval.pair_attention_mass`)?
+
+    rows = retrieval_probe(model, tokens_BxN, q_pos_BxP, k_pos_BxP, step=step)
+    rows[i]["recall"], rows[i]["mass"]   # float32[B, H, P] of layer i (None where its module has no probe)
+
+A probe is registered per attention module class, `(module, x_BxNxD, ctx) -> (q, k, pattern, implementation)`:
+the layer's queries and keys from its normed input and the single-softmax pattern it attends. Registered here:
+the fixed patterns (`PatternAttention`), MoBA (its selection's layout) and label attention (its *hard* pattern,
+the router's top-k labels: what it attends at inference, and from the straight-through phase on in training).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+
+from sparse_attn.diagnostics.retrieval import pair_attention_mass, pattern_recall
+from sparse_attn.models.transformer import TransformerLM
+from sparse_attn.modules.base import AttentionContext
+from sparse_attn.modules.labels import LabelAttention
+from sparse_attn.modules.moba import MobaAttention, moba_layout, moba_selection
+from sparse_attn.modules.pattern_attention import PatternAttention
+from sparse_attn.patterns.labels import bits as bits_lib
+from sparse_attn.patterns.labels import position
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.patterns.labels.pattern import LabelPattern
+
+Probe = Callable[..., tuple]
+_PROBES: dict[type, Probe] = {}
+
+
+def register_probe(module_type: type, probe: Probe) -> None:
+    _PROBES[module_type] = probe
+
+
+def probe_for(module) -> Probe | None:
+    for cls in type(module).__mro__:
+        if cls in _PROBES:
+            return _PROBES[cls]
+    return None
+
+
+def layer_inputs(model: TransformerLM, tokens_BxN, *, valid_len=None, step=0) -> tuple[list, AttentionContext]:
+    """(the normed input of every layer's attention, the context it ran with): the model's trunk, replayed."""
+    b, n = tokens_BxN.shape
+    vl = jnp.full((b,), n, jnp.int32) if valid_len is None else jnp.asarray(valid_len, jnp.int32)
+    ctx = AttentionContext(valid_len=vl, tokens=tokens_BxN, step=jnp.asarray(step, jnp.int32), causal=True)
+    x, inputs = model.embed(tokens_BxN), []
+    for block in model.blocks:
+        inputs.append(block.norm1(x))
+        x, _ = block(x, ctx)
+    return inputs, ctx
+
+
+def retrieval_probe(model: TransformerLM, tokens_BxN, q_pos_BxP, k_pos_BxP, *, valid_len=None, step=0) -> list:
+    """[{"recall", "mass"} float32[B, H, P] per layer, or None for a layer without a registered probe]."""
+    inputs, ctx = layer_inputs(model, tokens_BxN, valid_len=valid_len, step=step)
+    rows = []
+    for block, x in zip(model.blocks, inputs, strict=True):
+        probe = probe_for(block.attn)
+        if probe is None:
+            rows.append(None)
+            continue
+        q, k, pattern, implementation = probe(block.attn, x, ctx)
+        recall = pattern_recall(pattern, q_pos_BxP, k_pos_BxP)
+        mass = pair_attention_mass(q, k, pattern, q_pos_BxP, k_pos_BxP, implementation=implementation)
+        rows.append({"recall": jnp.broadcast_to(recall, mass.shape), "mass": mass})
+    return rows
+
+
+def _pattern_probe(module: PatternAttention, x, ctx):
+    q, k, _ = module.proj.qkv(x)
+    return q, k, module.config.pattern(x.shape[1], ctx), module.config.implementation
+
+
+def _moba_probe(module: MobaAttention, x, ctx):
+    cfg = module.config
+    q, k, _ = module.proj.qkv(x)
+    causal = ctx.causal or cfg.causal
+    sel = moba_selection(q, k, cfg, causal=causal, valid_len=ctx.valid_len)
+    # per-head random blocks: the "xla" executor refuses them (modules/selected_blocks.py)
+    return q, k, moba_layout(sel, x.shape[1], cfg, causal=causal, valid_len=ctx.valid_len), "reference"
+
+
+def _label_probe(module: LabelAttention, x, ctx):
+    cfg = module.config
+    live = jnp.arange(x.shape[1])[None, :, None] < ctx.valid_len[:, None, None]
+    x = jnp.where(live, x, jnp.zeros((), x.dtype))  # as the module does before projecting
+    q, k, _ = module.proj.qkv(x)
+    labels = bits_lib.top_k_labels(module.router(x), cfg.top_k)
+    total = cfg.num_labels
+    if cfg.position_cell:
+        p = jnp.zeros(labels.shape[:-1] + (cfg.num_labels,), jnp.float32)  # memberships: unused by the pattern
+        labels, _, total = position.with_position_labels(labels, p, cfg.position_cell, cfg.radius)
+    base = BaseGraph(radius=cfg.radius, landmark_every=cfg.landmarks, causal=ctx.causal)
+    pattern = LabelPattern.from_labels(labels, total, base=base, valid_len=ctx.valid_len)
+    return q, k, pattern, "reference"
+
+
+register_probe(PatternAttention, _pattern_probe)
+register_probe(MobaAttention, _moba_probe)
+register_probe(LabelAttention, _label_probe)
