@@ -112,6 +112,9 @@ def evaluate(workdir: str, step: int | None = None, text: str | None = None, max
         print(f"note: {note}", file=sys.stderr)
     if run.kind == "lm":
         return evaluate_lm(run, text, max_batches)
+    if run.kind == "retrieval":
+        raise CheckpointError(f"{workdir!r} is a retrieval run: its runner evaluates it (experiments.retrieval) and "
+                              "python -m experiments.retrieval.diagnose probes it")
     if text is not None:
         raise ValueError("--text evaluates byte LMs; this checkpoint is a classifier (it uses its task's data)")
     return evaluate_classifier(run)

@@ -3,6 +3,7 @@ does it get (`retrieval.pattern_recall`, `retrieval.pair_attention_mass`)?
 
     rows = retrieval_probe(model, tokens_BxN, q_pos_BxP, k_pos_BxP, step=step)
     rows[i]["recall"], rows[i]["mass"]   # float32[B, H, P] of layer i (None where its module has no probe)
+    rows[i]["uniform_mass"]              # the mass a query that knows nothing (q = 0) would put there
 
 A probe is registered per attention module class, `(module, x_BxNxD, ctx) -> (q, k, pattern, implementation)`:
 the layer's queries and keys from its normed input and the single-softmax pattern it attends. Registered here:
@@ -55,7 +56,7 @@ def layer_inputs(model: TransformerLM, tokens_BxN, *, valid_len=None, step=0) ->
 
 
 def retrieval_probe(model: TransformerLM, tokens_BxN, q_pos_BxP, k_pos_BxP, *, valid_len=None, step=0) -> list:
-    """[{"recall", "mass"} float32[B, H, P] per layer, or None for a layer without a registered probe]."""
+    """[{"recall", "mass", "uniform_mass"} float32[B, H, P] per layer, or None for a layer without a probe]."""
     inputs, ctx = layer_inputs(model, tokens_BxN, valid_len=valid_len, step=step)
     rows = []
     for block, x in zip(model.blocks, inputs, strict=True):
@@ -66,7 +67,9 @@ def retrieval_probe(model: TransformerLM, tokens_BxN, q_pos_BxP, k_pos_BxP, *, v
         q, k, pattern, implementation = probe(block.attn, x, ctx)
         recall = pattern_recall(pattern, q_pos_BxP, k_pos_BxP)
         mass = pair_attention_mass(q, k, pattern, q_pos_BxP, k_pos_BxP, implementation=implementation)
-        rows.append({"recall": jnp.broadcast_to(recall, mass.shape), "mass": mass})
+        uniform = pair_attention_mass(jnp.zeros_like(q), k, pattern, q_pos_BxP, k_pos_BxP,
+                                      implementation=implementation)  # fmt: skip
+        rows.append({"recall": jnp.broadcast_to(recall, mass.shape), "mass": mass, "uniform_mass": uniform})
     return rows
 
 

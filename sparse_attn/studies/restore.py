@@ -61,7 +61,7 @@ def from_json(obj, types: dict[str, type] | None = None, path: str = ""):
 class Restored:
     """A run restored from one checkpoint."""
 
-    kind: str  # "lm" or "classify"
+    kind: str  # "lm", "retrieval" (an LM on a generated task) or "classify"
     workdir: str
     step: int  # the checkpoint's train step
     stored: dict  # the run config as stored
@@ -80,9 +80,13 @@ def _manager(workdir: str):
     return checkpoint.make_manager(workdir, TrainConfig(async_checkpoints=False))
 
 
+RETRIEVAL_TASKS = ("AssociativeRecall", "Passkey")  # causal LMs on a generated task (experiments/retrieval/)
+
+
 def run_kind(stored: dict) -> str:
     if "task_name" in stored:
-        return "classify"
+        task = stored.get("task")
+        return "retrieval" if isinstance(task, dict) and task.get("_type") in RETRIEVAL_TASKS else "classify"
     if "corpus" in stored:
         return "lm"
     raise CheckpointError(f"the checkpoint's config is neither an LM run nor a classifier run (keys {sorted(stored)})")
@@ -120,7 +124,7 @@ def restore(workdir: str, step: int | None = None) -> Restored:
         wrong = {k: v for k, v in diffs.items() if v[0] != "<absent>"}
         if wrong:
             raise CheckpointError(f"the stored config does not rebuild exactly: {wrong}")
-        cls = models.TransformerLM if kind == "lm" else models.TransformerClassifier
+        cls = models.TransformerClassifier if kind == "classify" else models.TransformerLM
 
         def make_model(rngs):
             model = cls(model_config, rngs=rngs)

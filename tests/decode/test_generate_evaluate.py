@@ -115,3 +115,10 @@ def test_from_json_round_trips_every_lm_attention():
         cfg = TransformerConfig(attention=(lm_configs.attention_by_name(name, 64),) * 2)
         assert evaluate.from_json(run_config.to_json(cfg)) == cfg, name
     assert dataclasses.is_dataclass(evaluate.from_json(run_config.to_json(TrainConfig())))
+
+
+def test_retrieval_runs_restore_as_causal_lms():
+    from sparse_attn.studies.restore import run_kind
+
+    assert run_kind({"task_name": "passkey", "task": {"_type": "Passkey"}}) == "retrieval"
+    assert run_kind({"task_name": "listops", "task": {"_type": "ListOps"}}) == "classify"

@@ -27,7 +27,7 @@ ENTRY_POINTS = _entry_points()
 REQUIRED = {"experiments.lm.label_phase_switch": ["--checkpoint", "1", "--steps", "1", "--batches", "0", "1",
                                                  "--out", "x.json"]}
 WORKDIR_TAKERS = ("experiments.evaluate", "experiments.generate", "experiments.lm.label_capacity",
-                  "experiments.lm.label_phase_switch")
+                  "experiments.lm.label_phase_switch", "experiments.retrieval.diagnose")
 
 
 def test_every_study_is_an_entry_point():

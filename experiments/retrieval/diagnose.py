@@ -1,0 +1,71 @@
+"""Which hop fails? Per layer and head of a trained retrieval run, the pairs its task needs (each answer's query
+position -> the token it must find): how often the layer's pattern admits them (recall) and how much attention
+they get (mass, against the mass of a query that knows nothing: uniform over the row's keys). Issue 37's first
+diagnosis: recall 0 = the pattern never admits the pair; recall 1 with mass near uniform = the softmax has not
+learned it (sparse_attn/diagnostics/).
+
+Command:
+  python -m experiments.retrieval.diagnose --workdir runs/retrieval/cpu/passkey_n256_moba_k24_s0 [--examples 64]
+      [--offsets 0 -1]
+
+Prints one JSON object (per layer: mechanism, recall, mass, uniform mass, each also per head). Layers without a
+registered probe (ABCA, NSA, non-crossing routing) are listed with `"probe": null`.
+
+Writes: nothing (stdout only).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn.diagnostics import retrieval_probe
+from sparse_attn.studies import cli
+from sparse_attn.studies.restore import CheckpointError, from_json, restore
+
+
+def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=(0,)) -> dict:
+    """The probe's means over `examples` validation examples, for keys at evidence + each offset (an induction
+    path reads the token after the evidence's predecessor: offset 0 is the evidence itself, -1 its predecessor)."""
+    run = restore(workdir, step)
+    if run.kind != "retrieval":
+        raise CheckpointError(f"{workdir!r} is a {run.kind} run; diagnose reads retrieval runs (passkey, recall)")
+    task = from_json(run.stored["task"], path="task")
+    source = task.source("validation")
+    batch = [source[i] for i in range(examples)]
+    tokens = jnp.asarray(np.stack([ex["inputs"] for ex in batch]), jnp.int32)
+    q_pos = np.stack([ex["answer_pos"] for ex in batch]).astype(np.int32)
+    evidence = q_pos - np.stack([ex["distance"] for ex in batch]).astype(np.int32)
+    layers = [{"mechanism": type(block.attn.config).__name__} for block in run.model.blocks]
+    for off in offsets:
+        k_pos = np.clip(evidence + off, 0, tokens.shape[1] - 1)
+        rows = retrieval_probe(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
+        for out, row in zip(layers, rows, strict=True):
+            out["probe"] = None if row is None else "ok"
+            for name, val in (row or {}).items():
+                val = np.asarray(val)
+                key = name if off == 0 else f"{name}@{off:+d}"
+                out[key] = round(float(val.mean()), 4)
+                out[f"{key}_per_head"] = [round(float(x), 4) for x in val.mean(axis=(0, 2))]
+    return {"workdir": workdir, "step": run.step, "task": run.stored["task_name"], "examples": examples,
+            "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers}
+
+
+@cli.entry_point
+def main(argv=None) -> dict:
+    parser = cli.ArgumentParser(__doc__)
+    parser.add_argument("--workdir", required=True, help="a retrieval run's workdir (experiments.retrieval)")
+    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--examples", type=int, default=64, help="validation examples to probe")
+    parser.add_argument("--offsets", type=int, nargs="+", default=[0, -1],
+                        help="keys at the evidence + these offsets (0: the token to find; -1: its predecessor)")
+    args = parser.parse_args(argv)
+    out = diagnose(args.workdir, args.examples, args.step, tuple(args.offsets))
+    print(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
