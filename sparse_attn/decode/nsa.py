@@ -76,12 +76,13 @@ def step(module: NsaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeConte
     m = cache["ck"].shape[1]
     count = jnp.maximum((pos + 1 - l) // stride + 1, 0)
     ok_c = jnp.arange(m) < count
-    o_cmp = attend(q, cache["ck"], cache["cv"], ok_c[None, None])
     s = jnp.einsum("bgrd,bmgd->bgrm", q.astype(jnp.float32).reshape(b, g, h // g, d),
                    cache["ck"].astype(jnp.float32)) / jnp.sqrt(jnp.float32(d))  # fmt: skip
     s = jnp.where(ok_c, s, -jnp.inf)
     p = jnp.where(ok_c, jnp.exp(s - jnp.where(count > 0, jnp.max(s, -1, keepdims=True), 0.0)), 0.0)
     p = p / jnp.maximum(jnp.sum(p, -1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    # one softmax serves the branch's output and the selection's scores
+    o_cmp = jnp.einsum("bgrm,bmgd->bgrd", p, cache["cv"].astype(jnp.float32)).reshape(b, h, d).astype(q.dtype)
     cache["p"] = write_slot(cache["p"], pos % qb, p.sum(2))  # summed over the group's heads
     cache["ppos"] = cache["ppos"].at[pos % qb].set(pos)
 
