@@ -6,10 +6,12 @@ learned it (sparse_attn/diagnostics/).
 
 Command:
   python -m experiments.retrieval.diagnose --workdir runs/retrieval/cpu/passkey_n256_moba_k24_s0 [--examples 64]
-      [--offsets 0 -1]
+      [--offsets 0 -1] [--step 250 500 750 1000]
 
-Prints one JSON object (per layer: mechanism, recall, mass, uniform mass, each also per head). Layers without a
-registered probe (ABCA, NSA, non-crossing routing) are listed with `"probe": null`.
+Prints one JSON object (per layer: mechanism, recall, mass, uniform mass, each also per head; ABCA layers also each
+hop of their path: direct, to_anchor, gather, handshake, with uniform values; and the whole model's rollout from
+the evidence to the answer's query against uniform attention's). Layers without a registered probe (NSA,
+non-crossing routing) are listed with `"probe": null`, and the rollout is then null.
 
 Writes: nothing (stdout only).
 """
@@ -21,7 +23,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.diagnostics import retrieval_probe
+from sparse_attn.diagnostics import attention_rollout, retrieval_probe
 from sparse_attn.studies import cli
 from sparse_attn.studies.restore import CheckpointError, from_json, restore
 
@@ -49,22 +51,28 @@ def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=
                 key = name if off == 0 else f"{name}@{off:+d}"
                 out[key] = round(float(val.mean()), 4)
                 out[f"{key}_per_head"] = [round(float(x), 4) for x in val.mean(axis=(0, 2))]
+    k_pos = np.clip(evidence + offsets[0], 0, tokens.shape[1] - 1)
+    roll = attention_rollout(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
+    rollout = None if roll is None else {name: round(float(np.mean(val)), 5) for name, val in roll.items()}
     return {"workdir": workdir, "step": run.step, "task": run.stored["task_name"], "examples": examples,
-            "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers}
+            "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers,
+            "rollout": rollout}
 
 
 @cli.entry_point
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--workdir", required=True, help="a retrieval run's workdir (experiments.retrieval)")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
+    parser.add_argument("--step", type=int, nargs="+", help="checkpoint steps (default: the latest; every run keeps "
+                        "each checkpoint it wrote): one object per step")
     parser.add_argument("--examples", type=int, default=64, help="validation examples to probe")
     parser.add_argument("--offsets", type=int, nargs="+", default=[0, -1],
                         help="keys at the evidence + these offsets (0: the token to find; -1: its predecessor)")
     args = parser.parse_args(argv)
-    out = diagnose(args.workdir, args.examples, args.step, tuple(args.offsets))
-    print(json.dumps(out, indent=1))
-    return out
+    outs = [diagnose(args.workdir, args.examples, step, tuple(args.offsets)) for step in (args.step or [None])]
+    for out in outs:
+        print(json.dumps(out, indent=1))
+    return outs[0] if len(outs) == 1 else {"steps": outs}
 
 
 if __name__ == "__main__":

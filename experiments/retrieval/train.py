@@ -110,6 +110,8 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
     task = make_task(task_name, cell.n, setup)
     att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget)
     model, train = model_and_train(setup.scale, cell.n, att, cell.seed)
+    # Every checkpoint stays: `experiments.retrieval.diagnose --step` reads a run over its training.
+    train = dataclasses.replace(train, keep_period=train.checkpoint_every)
     model = dataclasses.replace(model, vocab_size=task.vocab_size)
     shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
     valid = list(eval_batches(task.source("validation"), global_batch=train.global_batch, **shard))

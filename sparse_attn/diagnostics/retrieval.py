@@ -25,7 +25,7 @@ from sparse_attn.patterns.common import is_concrete
 from sparse_attn.patterns.intervals import Intervals
 
 
-def _positions(name: str, pos, n: int) -> jax.Array:
+def check_positions(name: str, pos, n: int) -> jax.Array:
     """int32[B|1, P], refused (ValueError naming it) when concrete and outside [0, n): gathers would clamp."""
     pos = jnp.asarray(pos)
     if not jnp.issubdtype(pos.dtype, jnp.integer) or pos.ndim != 2:
@@ -39,7 +39,7 @@ def _positions(name: str, pos, n: int) -> jax.Array:
 def pattern_recall(pattern, q_pos_BxP, k_pos_BxP) -> jax.Array:
     """float32[B', H', P]: 1 where `pattern` lets query q_pos[b, p] attend key k_pos[b, p], else 0."""
     n = pattern.num_tokens
-    q, k = _positions("q_pos", q_pos_BxP, n), _positions("k_pos", k_pos_BxP, n)
+    q, k = check_positions("q_pos", q_pos_BxP, n), check_positions("k_pos", k_pos_BxP, n)
     if q.shape[1] != k.shape[1]:
         raise ValueError(f"q_pos and k_pos must hold the same number of pairs, got {q.shape} and {k.shape}")
     if isinstance(pattern, (Intervals, BlockLayout)):
@@ -59,7 +59,7 @@ def pair_attention_mass(q_BxNxHxD, k_BxNxGxD, pattern, q_pos_BxP, k_pos_BxP, *, 
     (0 where the pattern excludes the pair or the row has no key); query head h reads KV head h // (H / G)."""
     b, n, h, d = q_BxNxHxD.shape
     g = k_BxNxGxD.shape[2]
-    q_pos, k_pos = _positions("q_pos", q_pos_BxP, n), _positions("k_pos", k_pos_BxP, n)
+    q_pos, k_pos = check_positions("q_pos", q_pos_BxP, n), check_positions("k_pos", k_pos_BxP, n)
     q_pos, k_pos = jnp.broadcast_to(q_pos, (b, q_pos.shape[1])), jnp.broadcast_to(k_pos, (b, k_pos.shape[1]))
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     _, lse_BxNxH = attention(q_BxNxHxD, k_BxNxGxD, jnp.zeros_like(k_BxNxGxD), pattern, implementation=implementation,

@@ -7,9 +7,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sparse_attn.diagnostics import layer_inputs, retrieval_probe
+from sparse_attn.diagnostics import attention_rollout, layer_inputs, retrieval_probe
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules import DenseAttention, LabelAttentionConfig, LocalAttention, MobaAttentionConfig
+from sparse_attn.modules import (
+    AnchorAttentionConfig,
+    DenseAttention,
+    LabelAttentionConfig,
+    LocalAttention,
+    MobaAttentionConfig,
+    NsaAttentionConfig,
+)
 
 N = 24
 LAYERS = (LocalAttention(radius=3), DenseAttention(), MobaAttentionConfig(block_size=4, top_k=2),
@@ -48,3 +55,36 @@ def test_recall_and_mass_per_layer():
         assert not np.any(np.asarray(row["mass"])[np.asarray(row["recall"]) == 0])
     assert 0 < np.asarray(moba["recall"]).sum(-1).min() < i + 1  # a selection: some blocks, not all
     assert 0 < np.asarray(labels["recall"]).sum(-1).min() < i + 1
+
+
+def _two_layer(first, second):
+    cfg = TransformerConfig(vocab_size=32, model_dim=16, num_heads=2, num_layers=2, mlp_dim=32,
+                            attention=(first, second))  # fmt: skip
+    return TransformerLM(cfg, rngs=nnx.Rngs(1))
+
+
+def test_rollout_reaches_as_far_as_the_layers_compose():
+    model = _two_layer(LocalAttention(radius=3), LocalAttention(radius=3))  # two hops of 3: distance 6, not 7
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, N), 0, 32)
+    i = 20
+    q_pos = jnp.full((1, i + 1), i, jnp.int32)
+    k_pos = jnp.arange(i + 1, dtype=jnp.int32)[None]
+    out = attention_rollout(model, tokens, q_pos, k_pos)
+    for name in ("rollout", "rollout_uniform"):
+        r = np.asarray(out[name])
+        np.testing.assert_allclose(r.sum(-1), 1.0, rtol=1e-5)  # the row's whole flow
+        assert np.all(r[:, : i - 6] == 0) and np.all(r[:, i - 6:] > 0)
+    assert attention_rollout(_two_layer(NsaAttentionConfig(), DenseAttention()), tokens, q_pos, k_pos) is None
+
+
+def test_abca_layers_report_their_path():
+    abca = AnchorAttentionConfig(placement="fixed", interval=6, max_zone=6, implementation="reference")
+    model = _two_layer(abca, DenseAttention())
+    tokens = jax.random.randint(jax.random.PRNGKey(3), (2, N), 0, 32)
+    rows = retrieval_probe(model, tokens, jnp.array([[20, 20, 20]]), jnp.array([[19, 9, 3]]))
+    first = {k: np.asarray(v) for k, v in rows[0].items()}
+    np.testing.assert_array_equal(first["recall"], np.broadcast_to([1.0, 1.0, 0.0], first["recall"].shape))
+    assert np.all(first["mass"][..., :2] > 0) and np.all(first["mass"][..., 2] == 0)
+    assert {"direct", "to_anchor", "gather", "handshake", "gather_uniform"} <= set(first)
+    r = attention_rollout(model, tokens, jnp.array([[20, 20, 20]]), jnp.array([[19, 9, 3]]))
+    assert np.all(np.asarray(r["rollout"]) > 0)  # the dense second layer reads every position the first filled

@@ -1,0 +1,166 @@
+"""ABCA's information path (issue 37, part 1d): does the key a query needs reach it through
+zone -> anchor -> handshake -> anchor -> zone, and how much weight does each hop give it?
+
+    maps = abca_maps(module, x_BxNxD, ctx)            # one layer's three stages as dense weights
+    hops = abca_hops(maps, q_pos_BxP, k_pos_BxP)      # float32[B, H, P] per hop
+    w_BxHxNxN = layer_flow(maps)                      # the layer's token -> token flow
+
+`abca_maps` replays an `AnchorAttention` layer densely (the oracle's masks, one softmax per stage) and rebuilds its
+output from the weights, so the weights are the ones the layer used (tested: `maps.out` equals the layer's core).
+The flow follows attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020): a
+residual update s <- s + attn(s) counts as 0.5 I + 0.5 A, so that every row of the flow sums to 1, and the
+projections are left out (the flow says where information may come from, not how it is transformed).
+
+The hops of a pair (query t, key e) of one layer:
+  direct     zone weight of t on e itself (e in t's zone, not an anchor)
+  to_anchor  zone weight of t on its anchors (what the query reads from the anchor route at all)
+  gather     the largest gather weight an anchor puts on e (the anchor that can carry e)
+  handshake  the largest handshake flow from an anchor that gathers e to an anchor that t reads (0: no route)
+  flow       the layer's flow from e to t: direct + the anchor route, every hop's weight multiplied
+Each comes with its `*_uniform`: the same hop under uniform attention (every logit 0), the weight of a layer that
+has learned nothing. A hop at its uniform value, or 0 where the uniform one is not, is where the path fails.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.diagnostics.retrieval import check_positions
+from sparse_attn.executors.abca.anchors import AnchorProjections
+from sparse_attn.modules.abca import AnchorAttention
+from sparse_attn.modules.base import AttentionContext
+from sparse_attn.patterns import abca
+from sparse_attn.patterns.abca import ZonePattern
+from sparse_attn.patterns.abca.zones import Zones
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class AbcaMaps(NamedTuple):
+    """One ABCA layer's weights, float32[B, H, N, N] (row: query, column: key; rows without keys are 0)."""
+
+    zones: Zones
+    gather: jax.Array  # stage 1: anchor rows over the zones they bound
+    handshake: tuple[jax.Array, ...]  # stage 2, one per step: anchor rows over their handshake anchors
+    zone: jax.Array  # stage 3: every row over [left(t), t] (causal) or [left(t), right(t)]
+    out: jax.Array  # [B, N, H, D]: the core's output rebuilt from these weights
+
+
+def _heads(x_BxNxGxD, h: int):
+    """KV heads to query heads: head h reads group h // (H / G)."""
+    return jnp.repeat(x_BxNxGxD, h // x_BxNxGxD.shape[2], axis=2)
+
+
+def softmax_weights(q_BxNxHxD, k_BxNxGxD, mask_BxHxNxN, scale: float, *, uniform: bool = False) -> jax.Array:
+    """float32[B, H, N, N]: softmax(q k^T * scale) over the mask's keys (`uniform`: every logit 0); 0 on rows
+    without a key."""
+    k = _heads(k_BxNxGxD, q_BxNxHxD.shape[2]).astype(jnp.float32)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q_BxNxHxD.astype(jnp.float32), k, precision=HIGHEST) * scale
+    logits = jnp.zeros_like(logits) if uniform else logits
+    logits = jnp.where(mask_BxHxNxN, logits, -jnp.inf)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.where(mask_BxHxNxN, jnp.exp(logits - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+    return e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+
+
+def _apply(w_BxHxNxN, v_BxNxHxD):
+    return jnp.einsum("bhqk,bkhd->bqhd", w_BxHxNxN, v_BxNxHxD.astype(jnp.float32), precision=HIGHEST)
+
+
+def abca_maps(module: AnchorAttention, x_BxNxD, ctx: AttentionContext, *, uniform: bool = False,
+              anchor_mask=None) -> AbcaMaps:  # fmt: skip
+    """The weights of `module` on its normed input (as `AnchorAttention.__call__` computes them, densely)."""
+    cfg = module.config
+    b, n, _ = x_BxNxD.shape
+    live = (jnp.arange(n)[None] < ctx.valid_len[:, None])[..., None]
+    x = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))
+    is_anchor, _, gate, _ = module._placement(x, ctx, anchor_mask)
+    zones = abca.compute_zones(is_anchor, ctx.valid_len)
+    q, k, v = module.proj.qkv(x)
+    h = q.shape[2]
+    proj = AnchorProjections(module.anchor_wq[...], module.anchor_wk[...], module.anchor_wv[...],
+                             rope_base=cfg.rope_base)  # fmt: skip
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    stage = lambda name: ZonePattern(zones, stage=name, causal=ctx.causal, max_zone=cfg.max_zone).to_dense()  # noqa: E731
+
+    w_gather = softmax_weights(q, k, stage("gather"), scale, uniform=uniform)
+    s = _apply(w_gather, _heads(v, h))
+    pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], (b, n))
+    if cfg.handshake == "chain":
+        hs = abca.chain_handshake(zones, causal=ctx.causal)
+    else:
+        hs, _ = abca.global_handshake(zones, max_anchors=cfg.max_anchors, causal=ctx.causal)
+    hs_mask, w_hs = hs.to_dense(), []
+    for _ in range(cfg.handshake_steps):
+        w = softmax_weights(proj.query(s, pos), proj.key(s, pos), hs_mask, scale, uniform=uniform)
+        s = s + _apply(w, proj.value(s, pos))
+        w_hs.append(w)
+    groups = k.shape[2]
+    g = (jnp.ones((b, n), jnp.float32) if gate is None else gate)[..., None, None]
+    anchor = zones.is_anchor[..., None, None]
+    k3 = jnp.where(anchor, proj.key(s, pos, groups), k.astype(jnp.float32))
+    v3 = jnp.where(anchor, proj.value(s, pos, groups) * g, v.astype(jnp.float32))
+    w_zone = softmax_weights(q, k3, stage("zones"), scale, uniform=uniform)
+    out = jnp.where(anchor, s * g, _apply(w_zone, _heads(v3, h)))
+    return AbcaMaps(zones, w_gather, tuple(w_hs), w_zone, out)
+
+
+def handshake_flow(maps: AbcaMaps) -> jax.Array:
+    """float32[B, H, N, N]: anchor -> anchor flow of the handshake steps (0.5 I + 0.5 A per residual step; rows of
+    non-anchors are the identity)."""
+    n = maps.zone.shape[-1]
+    eye = jnp.eye(n, dtype=jnp.float32)[None, None]
+    anchor = maps.zones.is_anchor[:, None, :, None]
+    m = jnp.broadcast_to(eye, maps.zone.shape)
+    for w in maps.handshake:
+        m = jnp.einsum("bhij,bhjk->bhik", jnp.where(anchor, 0.5 * eye + 0.5 * w, eye), m, precision=HIGHEST)
+    return m
+
+
+def layer_flow(maps: AbcaMaps) -> jax.Array:
+    """float32[B, H, N, N]: how much of key e's value reaches query t in this layer, over every ABCA route (rows of
+    live tokens sum to 1)."""
+    col_anchor = maps.zones.is_anchor[:, None, None, :]
+    carried = jnp.einsum("bhij,bhjk->bhik", handshake_flow(maps), maps.gather, precision=HIGHEST)  # anchors' content
+    via_anchor = jnp.einsum("bhij,bhjk->bhik", jnp.where(col_anchor, maps.zone, 0.0), carried, precision=HIGHEST)
+    flow = jnp.where(col_anchor, 0.0, maps.zone) + via_anchor
+    return jnp.where(maps.zones.is_anchor[:, None, :, None], carried, flow)  # anchors output their own state
+
+
+def _pairs(x_BxHxNxN, q_pos_BxP, k_pos_BxP):
+    return jax.vmap(lambda x, qi, ki: x[:, qi, ki])(x_BxHxNxN, q_pos_BxP, k_pos_BxP)  # [B, H, P]
+
+
+def _hops(maps: AbcaMaps, q_pos, k_pos) -> dict:
+    anchor_col = maps.zones.is_anchor[:, None, None, :]
+    reads = jnp.where(anchor_col, maps.zone, 0.0)  # [B, H, N, N]: t -> anchors it reads
+    take_rows = jax.vmap(lambda x, i: x[:, i])  # [B, H, N, ...] at rows [P] -> [B, H, P, ...]
+    take_cols = jax.vmap(lambda x, i: jnp.moveaxis(x[..., i], -1, 1))  # [B, H, N, N] at columns [P] -> [B, H, P, N]
+    gathers = take_cols(maps.gather, k_pos)  # [B, H, P, N_anchor]: each anchor's weight on e
+    read_by_t = take_rows(reads, q_pos) > 0  # [B, H, P, N_anchor]
+    m = handshake_flow(maps)  # [B, H, a, g]
+    route = jnp.einsum("bhpa,bhag,bhpg->bhpag", read_by_t.astype(jnp.float32), m, (gathers > 0).astype(jnp.float32),
+                       precision=HIGHEST)
+    return {
+        "direct": _pairs(jnp.where(anchor_col, 0.0, maps.zone), q_pos, k_pos),
+        "to_anchor": jnp.sum(take_rows(reads, q_pos), axis=-1),
+        "gather": jnp.max(gathers, axis=-1),
+        "handshake": jnp.max(route, axis=(-1, -2)),
+        "flow": _pairs(layer_flow(maps), q_pos, k_pos),
+    }
+
+
+def abca_hops(maps: AbcaMaps, q_pos_BxP, k_pos_BxP, uniform_maps: AbcaMaps | None = None) -> dict:
+    """{hop: float32[B, H, P]} for the pairs (q_pos[b, p], k_pos[b, p]) (module docstring), plus `*_uniform` from
+    `uniform_maps` (`abca_maps(..., uniform=True)`) when given."""
+    n, b = maps.zone.shape[-1], maps.zone.shape[0]
+    q_pos, k_pos = (check_positions(name, p, n) for name, p in (("q_pos", q_pos_BxP), ("k_pos", k_pos_BxP)))
+    q_pos, k_pos = jnp.broadcast_to(q_pos, (b, q_pos.shape[1])), jnp.broadcast_to(k_pos, (b, k_pos.shape[1]))
+    out = _hops(maps, q_pos, k_pos)
+    if uniform_maps is not None:
+        out.update({f"{k}_uniform": v for k, v in _hops(uniform_maps, q_pos, k_pos).items()})
+    return out
