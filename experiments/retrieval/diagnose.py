@@ -9,7 +9,9 @@ Command:
       [--offsets 0 -1] [--step 250 500 750 1000]
 
 Prints one JSON object (per layer: mechanism, recall, mass, uniform mass, each also per head; ABCA layers also each
-hop of their path: direct, to_anchor, gather, handshake, with uniform values; and the whole model's rollout from
+hop of their path: direct, to_anchor, gather, handshake, with uniform values; label layers their router's label
+entropy, bucket balance, the base graph's share its labels keep, whether H holds the pairs at all, and the router's
+gradient norms from the training loss and from its own losses; and the whole model's rollout from
 the evidence to the answer's query against uniform attention's). Layers without a registered probe (NSA,
 non-crossing routing) are listed with `"probe": null`, and the rollout is then null.
 
@@ -23,7 +25,9 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.diagnostics import attention_rollout, retrieval_probe
+from sparse_attn.diagnostics import attention_rollout, layer_inputs, retrieval_probe
+from sparse_attn.diagnostics.labels import label_layer_probe, router_gradient_norms
+from sparse_attn.modules.labels import LabelAttention
 from sparse_attn.studies import cli
 from sparse_attn.studies.restore import CheckpointError, from_json, restore
 
@@ -52,11 +56,31 @@ def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=
                 out[key] = round(float(val.mean()), 4)
                 out[f"{key}_per_head"] = [round(float(x), 4) for x in val.mean(axis=(0, 2))]
     k_pos = np.clip(evidence + offsets[0], 0, tokens.shape[1] - 1)
+    _label_rows(run, batch, tokens, q_pos, k_pos, layers)
     roll = attention_rollout(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
     rollout = None if roll is None else {name: round(float(np.mean(val)), 5) for name, val in roll.items()}
     return {"workdir": workdir, "step": run.step, "task": run.stored["task_name"], "examples": examples,
             "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers,
             "rollout": rollout}
+
+
+def _label_rows(run, batch, tokens, q_pos, k_pos, layers) -> None:
+    """Label layers: the router's label usage, the base graph's share its labels keep, whether H holds the pairs,
+    and the router's gradient norms from the training loss and from its own losses."""
+    if not any(isinstance(block.attn, LabelAttention) for block in run.model.blocks):
+        return
+    inputs, ctx = layer_inputs(run.model, tokens, step=run.step)
+    targets = jnp.asarray(np.stack([ex["targets"] for ex in batch]), jnp.int32)
+    mask = jnp.asarray(np.stack([ex["loss_mask"] for ex in batch]), jnp.float32)
+    grads = router_gradient_norms(run.model, tokens, targets, mask, step=run.step)
+    for block, x, out, grad in zip(run.model.blocks, inputs, layers, grads, strict=True):
+        if not isinstance(block.attn, LabelAttention):
+            continue
+        probe = label_layer_probe(block.attn, x, ctx, jnp.asarray(q_pos), jnp.asarray(k_pos))
+        for name in ("entropy", "bucket_cv", "max_share", "kept_of_base", "base_recall"):
+            out[f"labels/{name}"] = round(float(np.mean(np.asarray(probe[name]))), 4)
+        out["labels/router_grad_task"] = float(grad["task"])
+        out["labels/router_grad_aux"] = float(grad["aux"])
 
 
 @cli.entry_point
