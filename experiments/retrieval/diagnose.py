@@ -15,7 +15,12 @@ gradient norms from the training loss and from its own losses; and the whole mod
 the evidence to the answer's query against uniform attention's). Layers without a registered probe (NSA,
 non-crossing routing) are listed with `"probe": null`, and the rollout is then null.
 
-Writes: nothing (stdout only).
+Summary of many runs and steps (mean ± std over seeds, per variant, step and layer):
+  python -m experiments.retrieval.diagnose --workdir runs/retrieval/cpu/passkey_n256_labels_k24_s* \
+      --step 250 500 750 1000 --out experiments/results/diagnose_passkey_n256.jsonl
+  python -m experiments.retrieval.diagnose --table experiments/results/diagnose_passkey_n256.jsonl
+
+Writes: --out (JSON lines), else stdout only.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=
     _label_rows(run, batch, tokens, q_pos, k_pos, layers)
     roll = attention_rollout(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
     rollout = None if roll is None else {name: round(float(np.mean(val)), 5) for name, val in roll.items()}
-    return {"workdir": workdir, "step": run.step, "task": run.stored["task_name"], "examples": examples,
+    return {"workdir": workdir, "variant": run.stored.get("variant"), "seed": run.stored["train"].get("seed"),
+            "step": run.step, "task": run.stored["task_name"], "examples": examples,
             "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers,
             "rollout": rollout}
 
@@ -86,17 +92,62 @@ def _label_rows(run, batch, tokens, q_pos, k_pos, layers) -> None:
 @cli.entry_point
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
-    parser.add_argument("--workdir", required=True, help="a retrieval run's workdir (experiments.retrieval)")
+    parser.add_argument("--workdir", nargs="+", help="retrieval runs' workdirs (experiments.retrieval)")
     parser.add_argument("--step", type=int, nargs="+", help="checkpoint steps (default: the latest; every run keeps "
                         "each checkpoint it wrote): one object per step")
     parser.add_argument("--examples", type=int, default=64, help="validation examples to probe")
     parser.add_argument("--offsets", type=int, nargs="+", default=[0, -1],
                         help="keys at the evidence + these offsets (0: the token to find; -1: its predecessor)")
+    parser.add_argument("--out", metavar="JSONL", help="also append one line per run and step to this file")
+    parser.add_argument("--table", metavar="JSONL", help="print the markdown summary of these lines; probes nothing")
     args = parser.parse_args(argv)
-    outs = [diagnose(args.workdir, args.examples, step, tuple(args.offsets)) for step in (args.step or [None])]
-    for out in outs:
-        print(json.dumps(out, indent=1))
-    return outs[0] if len(outs) == 1 else {"steps": outs}
+    if args.table:
+        with open(args.table) as f:
+            text = table([json.loads(line) for line in f if line.strip()])
+        print(text)
+        return {"table": text}
+    if not args.workdir:
+        parser.error("--workdir is required (or --table)")
+    outs = []
+    for workdir in args.workdir:
+        for step in args.step or [None]:
+            outs.append(diagnose(workdir, args.examples, step, tuple(args.offsets)))
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(outs[-1]) + "\n")
+            else:
+                print(json.dumps(outs[-1], indent=1))
+    return outs[0] if len(outs) == 1 else {"runs": outs}
+
+
+# What the summary shows per layer, where the layer reports it (means over examples, pairs and heads).
+COLUMNS = ("recall", "mass", "uniform_mass", "direct", "to_anchor", "to_anchor_uniform", "gather", "gather_uniform",
+           "handshake", "handshake_uniform", "labels/base_recall", "labels/kept_of_base", "labels/entropy",
+           "labels/bucket_cv", "labels/router_grad_task", "labels/router_grad_aux")
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per (variant, step, layer), each column `mean ± std` over the seeds, and the rollout."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["step"]), []).append(r)
+    lines = []
+    for (variant, step), rs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        for i in range(len(rs[0]["layers"])):
+            layer = [r["layers"][i] for r in rs]
+            cells = []
+            for col in COLUMNS:
+                vals = [x[col] for x in layer if x.get(col) is not None]
+                if vals:
+                    cells.append(f"{col} {np.mean(vals):.3g} ± {np.std(vals):.2g}")
+            rolls = [r["rollout"] for r in rs if r.get("rollout")]
+            if rolls and i == len(rs[0]["layers"]) - 1:
+                cells.append(f"rollout {np.mean([x['rollout'] for x in rolls]):.3g} (uniform "
+                             f"{np.mean([x['rollout_uniform'] for x in rolls]):.3g})")
+            lines.append(f"| {variant} | {step} | {i} | {len(rs)} | " + "; ".join(cells) + " |")
+    head = ["| variant | step | layer | seeds | means over examples, pairs and heads (± std over seeds) |",
+            "|---|---|---|---|---|"]
+    return "\n".join([*head, *lines])
 
 
 if __name__ == "__main__":
