@@ -30,8 +30,15 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.diagnostics import attention_rollout, layer_inputs, retrieval_probe
+from sparse_attn.diagnostics import (
+    attention_rollout,
+    layer_inputs,
+    pair_attention_mass,
+    pattern_recall,
+    retrieval_probe,
+)
 from sparse_attn.diagnostics.labels import label_layer_probe, router_gradient_norms
+from sparse_attn.diagnostics.probe import probe_for
 from sparse_attn.modules.labels import LabelAttention
 from sparse_attn.studies import cli
 from sparse_attn.studies.restore import CheckpointError, from_json, restore
@@ -87,6 +94,26 @@ def _label_rows(run, batch, tokens, q_pos, k_pos, layers) -> None:
             out[f"labels/{name}"] = round(float(np.mean(np.asarray(probe[name]))), 4)
         out["labels/router_grad_task"] = float(grad["task"])
         out["labels/router_grad_aux"] = float(grad["aux"])
+        out.update(_landmark_hops(block.attn, x, ctx, q_pos, k_pos))
+
+
+def _landmark_hops(module, x, ctx, q_pos, k_pos) -> dict:
+    """The two-hop route through H where the pair itself is not in it: the first landmark at or after the evidence
+    (`landmark_every` = the window's radius by default, so that landmark's window holds the evidence) reads it, and
+    the query reads that landmark. Recall and mass of each hop on the layer's hard pattern, with uniform masses."""
+    every, n = module.config.landmarks, x.shape[1]
+    if not every:
+        return {}
+    lm = np.minimum(-(-k_pos // every) * every, n - 1)
+    q, k, pattern, impl = probe_for(module)(module, x, ctx)
+    out = {}
+    for hop, (qp, kp) in (("landmark_reads", (lm, k_pos)), ("reads_landmark", (q_pos, lm))):
+        qp, kp = jnp.asarray(qp, jnp.int32), jnp.asarray(kp, jnp.int32)
+        vals = {"recall": pattern_recall(pattern, qp, kp), "mass": pair_attention_mass(q, k, pattern, qp, kp,
+                implementation=impl), "uniform": pair_attention_mass(jnp.zeros_like(q), k, pattern, qp, kp,
+                implementation=impl)}  # fmt: skip
+        out.update({f"labels/{hop}_{name}": round(float(np.mean(np.asarray(v))), 4) for name, v in vals.items()})
+    return out
 
 
 @cli.entry_point
@@ -123,7 +150,9 @@ def main(argv=None) -> dict:
 # What the summary shows per layer, where the layer reports it (means over examples, pairs and heads).
 COLUMNS = ("recall", "mass", "uniform_mass", "direct", "to_anchor", "to_anchor_uniform", "gather", "gather_uniform",
            "handshake", "handshake_uniform", "labels/base_recall", "labels/kept_of_base", "labels/entropy",
-           "labels/bucket_cv", "labels/router_grad_task", "labels/router_grad_aux")
+           "labels/bucket_cv", "labels/router_grad_task", "labels/router_grad_aux", "labels/landmark_reads_recall",
+           "labels/landmark_reads_mass", "labels/landmark_reads_uniform", "labels/reads_landmark_recall",
+           "labels/reads_landmark_mass", "labels/reads_landmark_uniform")
 
 
 def table(rows: list[dict]) -> str:
