@@ -16,8 +16,8 @@ from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.studies import budget as lm_budget
 
 N, TARGET = 64, 12.0
-COMPARED = ("local", "longformer", "bigbird", "labels", "labels_pos", "abca", "abca_hs2", "abca_fixed",
-            "abca_learned")
+COMPARED = ("local", "longformer", "bigbird", "labels", "labels_pos", "labels_lm4", "abca", "abca_hs2", "abca_global",
+            "abca_fixed", "abca_fixed_global", "abca_learned")
 
 
 def text_with_lines(batch: int, n: int, seed: int = 0) -> np.ndarray:
@@ -48,11 +48,15 @@ def dense_mask_keys(att, tokens) -> float:
         return float(jnp.sum(mask)) / (b * N)
     if isinstance(att, AnchorAttentionConfig):
         valid = jnp.full((b,), N, jnp.int32)
-        raw = {"explicit": jnp.asarray(tokens) == att.anchor_id, "fixed": abca.fixed_interval_anchors(b, N, att.interval),
+        raw = {"explicit": jnp.asarray(tokens) == att.anchor_id,
+               "fixed": abca.fixed_interval_anchors(b, N, att.interval),
                "learned": jnp.zeros((b, N), bool)}[att.placement]
         zones = abca.compute_zones(abca.enforce_zone_cap(raw, valid, att.max_zone)[0], valid)
         layer = abca.ZonePattern(zones, causal=True, max_zone=att.max_zone).to_dense()
-        handshake = abca.chain_handshake(zones, causal=True).to_dense()
+        if att.handshake == "global":
+            handshake = abca.global_handshake(zones, max_anchors=att.max_anchors, causal=True)[0].to_dense()
+        else:
+            handshake = abca.chain_handshake(zones, causal=True).to_dense()
         return float(jnp.sum(layer) + att.handshake_steps * jnp.sum(handshake)) / (b * N)
     mask = att.pattern(N, AttentionContext(valid_len=jnp.full((1,), N, jnp.int32), causal=True)).to_dense()
     return float(jnp.sum(mask)) / N
