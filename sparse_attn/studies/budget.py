@@ -21,12 +21,12 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
 
 Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
-counted exactly, the rest at P), labels_lm4 (d = 8, k = 2, a landmark every 4 tokens, radius tuned), abca (newline
-anchors, chain handshake, 1 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed,
-abca_fixed_global (fixed anchors, global handshake), abca_learned (score head trained towards newlines), moba (block
-size tuned, top-3 blocks; keys counted in closed form: they do not depend on what the gate picks), moba_b1
-(one-token blocks, top_k tuned), nsa (window tuned; compression and selection sized from the budget,
-`nsa_for_budget`; keys in closed form, as MoBA's).
+counted exactly, the rest at P), labels_lm4 (d = 8, k = 2, a landmark every 4 tokens, radius tuned), labels_st
+(as labels, straight-through from the first step: no phase switch), abca (newline anchors, chain handshake, 1
+step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
+global handshake), abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys
+counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
+(window tuned; compression and selection sized from the budget, `nsa_for_budget`; keys in closed form, as MoBA's).
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ class Variant:
     monotone: bool = True
 
 
-def _labels(d: int, k: int, cell: int = 0, every: int | None = None) -> Variant:
+def _labels(d: int, k: int, cell: int = 0, every: int | None = None, **kw) -> Variant:
     # Landmarks every `radius` tokens (about one per window) unless `every` fixes the stride, stated here so the
     # count does not follow a default.
     return Variant(lambda w, n, t: LabelAttentionConfig(num_labels=d, top_k=k, radius=w,
                                                         landmark_every=w if every is None else every,
                                                         position_cell=cell, block=min(128, n),
-                                                        soft_block=min(64, n)), "radius", monotone=False)
+                                                        soft_block=min(64, n), **kw), "radius", monotone=False)
 
 
 def _abca(**kw) -> Variant:
@@ -110,6 +110,8 @@ VARIANTS: dict[str, Variant | None] = {
     "labels_pos": _labels(8, 2, cell=8),  # + position labels: pairs closer than 4 always kept
     # Issue 37: a landmark every 4 tokens, so each relays the few tokens just before it (not a whole window's).
     "labels_lm4": _labels(8, 2, every=4),
+    # Issue 37: straight-through from the first step (the forward pass is the hard pattern throughout): no switch.
+    "labels_st": _labels(8, 2, phase="straight_through"),
     "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
     "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
     "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
@@ -154,8 +156,8 @@ def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
 
 # The config fields a results row records (and the tables show): every variant's tuned and defining parameters.
 RECORDED_FIELDS = ("radius", "interval", "max_zone", "block", "num_labels", "top_k", "landmark_every", "position_cell",
-                   "handshake", "handshake_steps", "placement", "block_size", "compress_block", "compress_stride",
-                   "select_block", "top_n", "window")
+                   "phase", "handshake", "handshake_steps", "placement", "block_size", "compress_block",
+                   "compress_stride", "select_block", "top_n", "window")
 
 
 def recorded_fields(att) -> dict:
