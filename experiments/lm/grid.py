@@ -18,6 +18,7 @@ Writes: one workdir per cell under --runs_dir and one JSON line per finished cel
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -115,7 +116,7 @@ def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainCo
         "layers": layers, "stats_curve": curve,
         "valid_curve": [{"step": s, "bits_per_byte": r.get("bits_per_byte")} for s, r in sorted(valid.items())],
         "model": {"layers": model.num_layers, "dim": model.model_dim, "heads": heads, "mlp": model.mlp_dim},
-        "global_batch": train.global_batch,
+        "global_batch": train.global_batch, "eval_every": train.eval_every,
         "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command, "commit": git_commit(), "workdir": workdir,
@@ -195,6 +196,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--runs_dir", default=os.path.join("runs", "lm_grid"))
     parser.add_argument("--time_limit", type=float, default=3600, help="seconds per cell (--grid)")
+    parser.add_argument("--eval_every", type=int, help="validate every this many steps instead of the config's (a "
+                        "denser validation curve, e.g. around label attention's phase changes; training is unchanged)")
     parser.add_argument("--report", action="store_true", help="print the table of --results and exit")
     args = parser.parse_args(argv)
     if args.report:
@@ -207,8 +210,9 @@ def main(argv=None) -> dict:
     check_variant(args.variant)
     cell = Cell(args.n, args.variant, args.budget, args.seed)
     command = "python -m experiments.lm.grid " + shlex.join(argv if argv is not None else sys.argv[1:])
+    scale = dataclasses.replace(SCALES[args.config], eval_every=args.eval_every) if args.eval_every else None
     row = run_cell(args.config, cell, workdir=args.workdir or cell_workdir(args.runs_dir, args.config, cell),
-                   results=args.results, command=command)
+                   results=args.results, command=command, scale=scale)
     print(json.dumps({k: row[k] for k in ("n", "variant", "steps", "valid_bits_per_byte", "gap_to_dense_pct",
                                           "planned_keys_per_query", "tokens_per_s")}))
     return row
