@@ -22,7 +22,8 @@ How each mechanism's keys per query is counted (`keys_per_query`), on full seque
 Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k = 2), labels_d16k2, labels_d8k1,
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
 counted exactly, the rest at P), labels_lm4 (d = 8, k = 2, a landmark every 4 tokens, radius tuned), labels_st
-(as labels, straight-through from the first step: no phase switch), abca (newline anchors, chain handshake, 1
+(as labels, straight-through from the first step: no phase switch), labels_hard (as labels, the hard pattern from
+the first step with the router frozen at its initialisation: a random label filter, a diagnostic), abca (newline anchors, chain handshake, 1
 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
 global handshake), abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys
 counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
@@ -112,6 +113,9 @@ VARIANTS: dict[str, Variant | None] = {
     "labels_lm4": _labels(8, 2, every=4),
     # Issue 37: straight-through from the first step (the forward pass is the hard pattern throughout): no switch.
     "labels_st": _labels(8, 2, phase="straight_through"),
+    # Issue 37's diagnosis: the hard pattern throughout, its router never trained (frozen when hard): what the label
+    # filter costs with exact gradients and no router gradient into the residual stream.
+    "labels_hard": _labels(8, 2, phase="hard"),
     "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
     "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
     "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
