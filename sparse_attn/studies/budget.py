@@ -23,7 +23,9 @@ Variant names (`VARIANTS`): dense, local, longformer, bigbird, labels (d = 8, k 
 labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer than 4 always kept; their keys
 counted exactly, the rest at P), labels_lm4 (d = 8, k = 2, a landmark every 4 tokens, radius tuned), labels_st
 (as labels, straight-through from the first step: no phase switch), labels_hard (as labels, the hard pattern from
-the first step with the router frozen at its initialisation: a random label filter, a diagnostic), abca (newline anchors, chain handshake, 1
+the first step with the router frozen at its initialisation: a random label filter, a diagnostic), labels_sg and
+labels_st_sg (as labels and labels_st, the router reading stop_gradient(x): no router gradient into the residual
+stream), abca (newline anchors, chain handshake, 1
 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
 global handshake), abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys
 counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
@@ -116,6 +118,9 @@ VARIANTS: dict[str, Variant | None] = {
     # Issue 37's diagnosis: the hard pattern throughout, its router never trained (frozen when hard): what the label
     # filter costs with exact gradients and no router gradient into the residual stream.
     "labels_hard": _labels(8, 2, phase="hard"),
+    # ... and with the router reading stop_gradient(x): it learns, but moves no representation.
+    "labels_sg": _labels(8, 2, router_input_gradient=False),
+    "labels_st_sg": _labels(8, 2, phase="straight_through", router_input_gradient=False),
     "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
     "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
     "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
@@ -161,7 +166,7 @@ def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
 # The config fields a results row records (and the tables show): every variant's tuned and defining parameters.
 RECORDED_FIELDS = ("radius", "interval", "max_zone", "block", "num_labels", "top_k", "landmark_every", "position_cell",
                    "phase", "handshake", "handshake_steps", "placement", "block_size", "compress_block",
-                   "compress_stride", "select_block", "top_n", "window")
+                   "compress_stride", "select_block", "top_n", "window", "router_input_gradient")
 
 
 def recorded_fields(att) -> dict:

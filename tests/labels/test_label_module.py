@@ -12,12 +12,10 @@ from flax import nnx
 
 from sparse_attn.models.transformer import TransformerConfig, TransformerLM
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig
-from sparse_attn.patterns.labels import bits as B
-from sparse_attn.patterns.labels import losses
-from sparse_attn.modules.labels import label_stats
+from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig, label_stats
 from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS
-from sparse_attn.patterns.labels import schedule
+from sparse_attn.patterns.labels import bits as B
+from sparse_attn.patterns.labels import losses, schedule
 
 N, DM, HEADS = 32, 16, 2
 # 40 steps: soft 0-9, ramp 10-19, straight-through 20-29, hard from 30.
@@ -211,3 +209,23 @@ def test_statistics_are_exact():
     assert float(st["flops_vs_dense"]) == pytest.approx(attended[0, 0, :36].sum() / 36**2)
     hist = sum(float(v) for k, v in st.items() if k.startswith("bucket_hist/"))
     assert hist == d
+
+
+def test_router_input_gradient_off_keeps_the_router_learning_and_the_residual_stream_unmoved():
+    """router_input_gradient=False: same forward, the router still gets the task's and its losses' gradients, but
+    none of them reaches x (the aux losses' dx is exactly 0; the output's dx drops the router's share)."""
+    x = _x(3)
+    ctx = AttentionContext(valid_len=jnp.asarray([N]), step=jnp.int32(25), causal=True)  # straight-through
+    dx_aux, dx_out = {}, {}
+    for flag in (True, False):
+        module = dataclasses.replace(CFG, router_input_gradient=flag).make(DM, HEADS, rngs=nnx.Rngs(0))
+        out, router_grad, dx, aux_grad = _output_and_grads(module, x, jnp.int32(25), True)
+        assert sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(router_grad)) > 0
+        assert sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(aux_grad)) > 0
+        dx_aux[flag] = np.asarray(jax.grad(lambda x_: sum(module(x_, ctx).aux_losses.values()))(x))
+        dx_out[flag], y = np.asarray(dx), np.asarray(out.y)
+        if flag:
+            y_default = y
+    np.testing.assert_array_equal(y, y_default)
+    assert np.abs(dx_aux[True]).max() > 0 and np.abs(dx_aux[False]).max() == 0.0
+    assert np.abs(dx_out[True] - dx_out[False]).max() > 0

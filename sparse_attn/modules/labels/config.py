@@ -36,6 +36,9 @@ class LabelAttentionConfig:
     every step), besides being down-weighted; False: down-weighted only (the ramp before the thinning).
     freeze_router_when_hard: no gradient to the router in the hard phase, from the router losses either (its top-k
     gets none from the task there); False: the router losses keep moving it.
+    router_input_gradient: True (the seed's) = the router's gradients, from the task and from its losses, flow on
+    into the residual stream it reads; False = the router reads stop_gradient(x): it still learns, but it moves no
+    representation (issue 37's diagnosis of the LM loss, docs/labels.md).
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     position_cell: 0 = the seed's pattern; an even c >= 2 adds two position labels per token (its cell in two grids
     of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept whatever the
@@ -63,6 +66,7 @@ class LabelAttentionConfig:
     membership: str = "centred"
     ramp_thinning: bool = True
     freeze_router_when_hard: bool = True
+    router_input_gradient: bool = True
     num_steps: int | None = None
     soft_frac: float = 0.3
     ramp_frac: float = 0.2

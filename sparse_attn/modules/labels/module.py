@@ -69,7 +69,7 @@ class LabelAttention(nnx.Module):
         live = jnp.arange(x_BxNxD.shape[1])[None, :, None] < valid_len[:, None, None]
         x_BxNxD = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))
         q, k, v = self.proj.qkv(x_BxNxD)
-        r = self.router(x_BxNxD)
+        r = self.router(x_BxNxD if cfg.router_input_gradient else jax.lax.stop_gradient(x_BxNxD))
         reach = self.planned_reach(x_BxNxD.shape[1])
         o, aux = label_core(q, k, v, r, cfg, base, step=step, valid_len=valid_len, steps=self.phase_steps(),
                             reach=reach)
