@@ -24,8 +24,8 @@ labels_d4k1, labels_pos (d = 8, k = 2, + position labels of cell 8: pairs closer
 counted exactly, the rest at P), labels_lm4 (d = 8, k = 2, a landmark every 4 tokens, radius tuned), labels_st
 (as labels, straight-through from the first step: no phase switch), labels_hard (as labels, the hard pattern from
 the first step with the router frozen at its initialisation: a random label filter, a diagnostic), labels_sg and
-labels_st_sg (as labels and labels_st, the router reading stop_gradient(x): no router gradient into the residual
-stream), abca (newline anchors, chain handshake, 1
+labels_st_sg, labels_pos_sg (as labels, labels_st and labels_pos, the router reading stop_gradient(x): no router
+gradient into the residual stream), abca (newline anchors, chain handshake, 1
 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
 global handshake), abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys
 counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
@@ -121,6 +121,7 @@ VARIANTS: dict[str, Variant | None] = {
     # ... and with the router reading stop_gradient(x): it learns, but moves no representation.
     "labels_sg": _labels(8, 2, router_input_gradient=False),
     "labels_st_sg": _labels(8, 2, phase="straight_through", router_input_gradient=False),
+    "labels_pos_sg": _labels(8, 2, cell=8, router_input_gradient=False),
     "abca": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
     "abca_hs2": _abca(placement="explicit", anchor_id=NEWLINE, vocab_size=256, handshake_steps=2),
     "abca_global": _abca_global(placement="explicit", anchor_id=NEWLINE, vocab_size=256),
