@@ -104,7 +104,7 @@ def plot(summary: dict, path: str) -> None:
     ax.set_xlim(40, None)
     ax.set_ylim(min(tail) - 0.05, max(tail) + 0.05)
     ax.set(xlabel="step", ylabel="validation bits per byte",
-           title="label attention's phases on LM cpu_short, n = 256 (default schedule; 3 seeds each)")
+           title="validation loss at the default schedule's phase boundaries (one line per run)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120, bbox_inches="tight")
