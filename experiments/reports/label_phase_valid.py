@@ -7,8 +7,8 @@ seed read the same way (its "rise" at the same steps is what training noise alon
     python -m experiments.reports.label_phase_valid --rows experiments/results/lm_label_phases.jsonl \
         --out experiments/results/labels_phases_lm.json --plot docs/img/labels_phases_lm.png
 
-The phase boundaries are the default schedule's (`LabelAttentionConfig().phase_steps(steps)`: the budget variants
-keep the default fractions). An evaluation at step s sees the state after s updates in phase(s), so the first
+The phase boundaries are the default schedule's (the `labels` budget variant's `phase_steps(steps)`: every budget
+variant keeps the default fractions). An evaluation at step s sees the state after s updates in phase(s), so the first
 evaluation of a phase is its first step's.
 
 Writes: --out (JSON: per variant and seed, each change's rise, the final and soft-phase-best losses) and --plot;
@@ -21,14 +21,14 @@ import json
 
 import numpy as np
 
-from sparse_attn.modules.labels import LabelAttentionConfig
 from sparse_attn.studies import cli
+from sparse_attn.studies.budget import VARIANTS
 from sparse_attn.studies.cells import read_rows
 
 
 def boundaries(num_steps: int) -> dict[str, int]:
     """First step of each phase after the soft one under the default schedule of a `num_steps` run."""
-    s = LabelAttentionConfig().phase_steps(num_steps)
+    s = VARIANTS["labels"].build(8, 64, 8).phase_steps(num_steps)  # any size: the fractions are the defaults
     ramp, st = s.soft, s.soft + s.ramp
     return {"ramp": ramp, "straight_through": st, "hard": st + s.straight_through}
 
