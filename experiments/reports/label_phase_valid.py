@@ -11,7 +11,8 @@ The phase boundaries are the default schedule's (the `labels` budget variant's `
 variant keeps the default fractions). An evaluation at step s sees the state after s updates in phase(s), so the first
 evaluation of a phase is its first step's.
 
-Writes: --out (JSON: per variant and seed, each change's rise, the final and soft-phase-best losses) and --plot;
+Writes: --out (JSON: per variant and seed, each change's rise, the final and soft-phase-best losses; the curves stay
+in --rows) and --plot;
 prints the markdown table docs/labels.md quotes.
 """
 
@@ -71,7 +72,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def table(summary: dict) -> str:
     lines = ["| variant | seed | rise → ramp | rise → straight-through | rise → hard | soft-phase best | final "
-             "(step 300) | final ≤ soft best | keys/query (layers) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| final ≤ soft best | keys/query (layers) |", "|---|---|---|---|---|---|---|---|---|"]
     for variant, entry in summary.items():
         for r in entry["seeds"]:
             rises = [f"{100 * r['rises'][k]:+.1f}%" if k in r["rises"] else "–"
@@ -121,8 +122,9 @@ def main(argv=None):
     if not rows:
         parser.error(f"--rows: no LM rows in {args.rows}")
     summary = summarise(rows)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1)
+    with open(args.out, "w") as f:  # the curves stay in --rows
+        json.dump({v: {**e, "seeds": [{k: x for k, x in r.items() if k != "curve"} for r in e["seeds"]]}
+                   for v, e in summary.items()}, f, indent=1)
     if args.plot:
         plot(summary, args.plot)
     print(table(summary))
