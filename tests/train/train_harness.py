@@ -107,9 +107,19 @@ class BreakCheckpointsAt(KillAt):
 
     def __next__(self):
         if self.it.step == self.kill_step:
+            self._wait_for_earlier_saves()
             os.rename(self.ckpt_dir, self.ckpt_dir + ".moved")
             open(self.ckpt_dir, "w").close()  # noqa: SIM115
         return next(self.it)
+
+    def _wait_for_earlier_saves(self, timeout_s: float = 60.0):
+        """Let the background save of an earlier step finish first: breaking the folder under it
+        fails *that* save, and the test means the save of `step` (a race seen on a loaded CI machine)."""
+        deadline = time.monotonic() + timeout_s
+        while any("orbax-checkpoint-tmp" in name for name in os.listdir(self.ckpt_dir)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"an earlier save in {self.ckpt_dir} did not finish in {timeout_s} s")
+            time.sleep(0.05)
 
 
 class HangOnSave(KillAt):
