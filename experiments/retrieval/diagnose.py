@@ -9,9 +9,9 @@ Command:
       [--offsets 0 -1] [--step 250 500 750 1000]
 
 Prints one JSON object (per layer: mechanism, recall, mass, uniform mass, each also per head; ABCA layers also each
-hop of their path: direct, to_anchor, gather, handshake, with uniform values; label layers their router's label
-entropy, bucket balance, the base graph's share its labels keep, whether H holds the pairs at all, and the router's
-gradient norms from the training loss and from its own losses; and the whole model's rollout from
+hop of their path: direct, to_anchor, gather, handshake, handshake_peak, with uniform values; label layers their
+router's label entropy, bucket balance, the base graph's share its labels keep, whether H holds the pairs at all,
+and the router's gradient norms from the training loss and from its own losses; and the whole model's rollout from
 the evidence to the answer's query against uniform attention's). Layers without a registered probe (NSA,
 non-crossing routing) are listed with `"probe": null`, and the rollout is then null.
 
@@ -149,7 +149,8 @@ def main(argv=None) -> dict:
 
 # What the summary shows per layer, where the layer reports it (means over examples, pairs and heads).
 COLUMNS = ("recall", "mass", "uniform_mass", "direct", "to_anchor", "to_anchor_uniform", "gather", "gather_uniform",
-           "handshake", "handshake_uniform", "labels/base_recall", "labels/kept_of_base", "labels/entropy",
+           "handshake", "handshake_uniform", "handshake_peak", "handshake_peak_uniform", "labels/base_recall",
+           "labels/kept_of_base", "labels/entropy",
            "labels/bucket_cv", "labels/router_grad_task", "labels/router_grad_aux", "labels/landmark_reads_recall",
            "labels/landmark_reads_mass", "labels/landmark_reads_uniform", "labels/reads_landmark_recall",
            "labels/reads_landmark_mass", "labels/reads_landmark_uniform")

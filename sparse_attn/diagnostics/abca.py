@@ -16,6 +16,8 @@ The hops of a pair (query t, key e) of one layer:
   to_anchor  zone weight of t on its anchors (what the query reads from the anchor route at all)
   gather     the largest gather weight an anchor puts on e (the anchor that can carry e)
   handshake  the largest handshake flow from an anchor that gathers e to an anchor that t reads (0: no route)
+  handshake_peak  the largest weight in the first handshake row of an anchor t reads, whatever key it goes to: how
+             sharp the handshake is, beside `handshake`, which says whether it is sharp towards the needed anchor
   flow       the layer's flow from e to t: direct + the anchor route, every hop's weight multiplied
 Each comes with its `*_uniform`: the same hop under uniform attention (every logit 0), the weight of a layer that
 has learned nothing. A hop at its uniform value, or 0 where the uniform one is not, is where the path fails.
@@ -145,11 +147,13 @@ def _hops(maps: AbcaMaps, q_pos, k_pos) -> dict:
     m = handshake_flow(maps)  # [B, H, a, g]
     route = jnp.einsum("bhpa,bhag,bhpg->bhpag", read_by_t.astype(jnp.float32), m, (gathers > 0).astype(jnp.float32),
                        precision=HIGHEST)
+    peak = jnp.max(maps.handshake[0], axis=-1)[:, :, None, :]  # [B, H, 1, N_anchor]: each anchor row's largest
     return {
         "direct": _pairs(jnp.where(anchor_col, 0.0, maps.zone), q_pos, k_pos),
         "to_anchor": jnp.sum(take_rows(reads, q_pos), axis=-1),
         "gather": jnp.max(gathers, axis=-1),
         "handshake": jnp.max(route, axis=(-1, -2)),
+        "handshake_peak": jnp.max(jnp.where(read_by_t, peak, 0.0), axis=-1),
         "flow": _pairs(layer_flow(maps), q_pos, k_pos),
     }
 

@@ -74,6 +74,22 @@ def test_hops_of_planted_pairs():
     np.testing.assert_allclose(hops["flow_uniform"][:, 1], 1 / 3 * 0.25 * 1 / 7, rtol=1e-5)
 
 
+def test_handshake_peak_is_the_sharpest_row_the_query_reads():
+    layer, ctx = _layer(), _ctx()
+    maps, uni = abca_maps(layer, X, ctx), abca_maps(layer, X, ctx, uniform=True)
+    q_pos, k_pos = jnp.array([[20, 3]], jnp.int32), jnp.array([[9, 1]], jnp.int32)
+    hops = {k: np.asarray(v)[0] for k, v in abca_hops(maps, q_pos, k_pos, uni).items()}
+    # causal chain: the anchor at 18 (read by 20) has keys {12, 18}, the anchor at 0 (read by 3) only itself
+    np.testing.assert_allclose(hops["handshake_peak_uniform"], [[0.5, 1.0]] * H, rtol=1e-6)
+    w = np.asarray(maps.handshake[0])
+    np.testing.assert_allclose(hops["handshake_peak"][:, 0], w[0, :, 18].max(-1), rtol=1e-6)
+    # a handshake that puts all of every anchor's weight on itself: peak 1, and no flow from 12 reaches 18's row
+    eye = jnp.broadcast_to(jnp.eye(N), w.shape) * maps.zones.is_anchor[:, None, :, None]
+    hops = abca_hops(maps._replace(handshake=(eye,)), q_pos, k_pos)
+    np.testing.assert_allclose(np.asarray(hops["handshake_peak"])[0], 1.0)
+    np.testing.assert_allclose(np.asarray(hops["handshake"])[0, :, 0], 0.0, atol=1e-7)
+
+
 def test_two_steps_reach_two_zones_back():
     layer, ctx = _layer(handshake_steps=2), _ctx()
     hops = abca_hops(abca_maps(layer, X, ctx), jnp.array([[20]]), jnp.array([[3]]))
