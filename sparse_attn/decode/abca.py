@@ -69,6 +69,11 @@ def _check_module(module) -> None:
     if not isinstance(module, AnchorAttention):
         raise TypeError(f"the ABCA decoder needs an AnchorAttention, got {type(module).__name__}")
     cfg = module.config
+    if cfg.summaries_per_anchor != 1:
+        raise ValueError(
+            f"ABCA decoding keeps one summary per anchor; config.summaries_per_anchor = {cfg.summaries_per_anchor} "
+            "(pooled writes) runs only in the full forward pass"
+        )
     if cfg.placement == "explicit" and cfg.anchor_id is None:
         raise ValueError(
             "ABCA decoding with explicit placement reads anchors from token ids: config.anchor_id is needed "

@@ -77,6 +77,9 @@ def abca_maps(module: AnchorAttention, x_BxNxD, ctx: AttentionContext, *, unifor
               anchor_mask=None) -> AbcaMaps:  # fmt: skip
     """The weights of `module` on its normed input (as `AnchorAttention.__call__` computes them, densely)."""
     cfg = module.config
+    if cfg.summaries_per_anchor != 1:
+        raise ValueError(f"abca_maps replays one summary per anchor; this layer has summaries_per_anchor = "
+                         f"{cfg.summaries_per_anchor} (pooled writes): its hops are not defined here")
     b, n, _ = x_BxNxD.shape
     live = (jnp.arange(n)[None] < ctx.valid_len[:, None])[..., None]
     x = jnp.where(live, x_BxNxD, jnp.zeros((), x_BxNxD.dtype))

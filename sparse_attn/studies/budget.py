@@ -27,8 +27,9 @@ the first step with the router frozen at its initialisation: a random label filt
 labels_st_sg, labels_pos_sg (as labels, labels_st and labels_pos, the router reading stop_gradient(x): no router
 gradient into the residual stream), abca (newline anchors, chain handshake, 1
 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
-global handshake), abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys
-counted in closed form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
+global handshake), abca_fixed_p2 / abca_fixed_p4 (fixed anchors, 2 / 4 summaries per anchor: pooled writes),
+abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys counted in closed
+form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
 (window tuned; compression and selection sized from the budget, `nsa_for_budget`; keys in closed form, as MoBA's).
 """
 
@@ -133,6 +134,14 @@ VARIANTS: dict[str, Variant | None] = {
                                                                        handshake="global",
                                                                        max_anchors=4 * math.ceil(n / z)),
                                  "interval"),
+    # Issue 37: pooled writes, P summaries per anchor (the question's softmax chooses among them); their keys are
+    # counted, so the zones shrink at the same budget. Not monotone: tiny zones make every token an anchor.
+    "abca_fixed_p2": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z,
+                                                                   summaries_per_anchor=2), "interval",
+                             monotone=False),
+    "abca_fixed_p4": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z,
+                                                                   summaries_per_anchor=4), "interval",
+                             monotone=False),
     # MoBA (arXiv 2502.13189): the own block plus the top-2 of the earlier blocks by q · mean(K_block), the paper's
     # top-3; the block size is tuned.
     "moba": Variant(lambda u, n, t: MobaAttentionConfig(block_size=u * moba_unit(t), top_k=3, causal=True,
@@ -200,7 +209,7 @@ def _abca_keys(cfg: AnchorAttentionConfig, n: int, tokens_BxN) -> float:
     zones = abca.compute_zones(is_anchor, valid)
     max_anchors = cfg.max_anchors if cfg.max_anchors is not None else 4 * math.ceil(n / cfg.max_zone)
     st = abca_stats(zones, inserted, {}, causal=True, handshake=cfg.handshake, handshake_steps=cfg.handshake_steps,
-                    max_anchors=max_anchors)
+                    max_anchors=max_anchors, summaries_per_anchor=cfg.summaries_per_anchor)
     return float(st["keys_per_query"])
 
 

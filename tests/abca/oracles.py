@@ -125,3 +125,46 @@ def abca_forward_gqa(q, k, v, is_anchor, valid_len, wq, wk, wv, *, rope_base=Non
             j = group(i)
             out[t, i] = states[i][t] if t in anchors else _attend(q[t, i], k3[m1[t], j], v3[m1[t], j], scale)
     return out
+
+
+def abca_forward_summaries(q, k, v, is_anchor, valid_len, wq, wk, wv, wsum, *, rope_base=None, scale=None, **kw):
+    """`abca_forward_gqa` with P = 1 + len(wsum) summaries per anchor (pooled writes): summary p >= 1 runs stages 1
+    and 2 with the gather query q @ wsum[p - 1][head]; a zone row reads, besides its keys, every extra summary of
+    each anchor its row holds (one more key/value each, re-projected as summary 0's)."""
+    n, h, d = q.shape
+    g = k.shape[1]
+    group = lambda head: head // (h // g)
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    anchors = anchor_list(is_anchor, valid_len)
+    summaries = [np.eye(d)[None].repeat(h, 0), *wsum]  # summary 0 gathers with q itself
+    states = [
+        [
+            anchor_states(q[:, i] @ w[i], k[:, group(i)], v[:, group(i)], is_anchor, valid_len, wq[i], wk[i], wv[i],
+                          rope_base=rope_base, scale=scale, **kw)
+            for i in range(h)
+        ]
+        for w in summaries
+    ]  # fmt: skip
+    kx = np.zeros((len(summaries), n, g, d))
+    vx = np.zeros((len(summaries), n, g, d))
+    for p, st in enumerate(states):
+        for a in anchors:
+            for j in range(g):
+                heads = [i for i in range(h) if group(i) == j]
+                kx[p, a, j] = sum(_rope(st[i][a] @ wk[i], a, rope_base) for i in heads)
+                vx[p, a, j] = sum(st[i][a] @ wv[i] for i in heads)
+    m1 = layer_mask(is_anchor, valid_len, kw["causal"])
+    out = np.zeros((n, h, d))
+    for t in range(valid_len):
+        for i in range(h):
+            if t in anchors:
+                out[t, i] = states[0][i][t]
+                continue
+            j, row = group(i), np.flatnonzero(m1[t])
+            keys = [kx[0, c, j] if c in anchors else k[c, j] for c in row]
+            vals = [vx[0, c, j] if c in anchors else v[c, j] for c in row]
+            for c in (c for c in row if c in anchors):
+                keys += [kx[p, c, j] for p in range(1, len(summaries))]
+                vals += [vx[p, c, j] for p in range(1, len(summaries))]
+            out[t, i] = _attend(q[t, i], np.stack(keys), np.stack(vals), scale)
+    return out

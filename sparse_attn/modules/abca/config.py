@@ -36,6 +36,9 @@ class AnchorAttentionConfig:
       slot_width: queries per slot of the packed executor (default max_zone).
       num_kv_heads: KV heads (grouped-query attention; default num_heads). Anchor states stay per query head; an
         anchor's zone key/value for a group re-projects its heads' states.
+      summaries_per_anchor: P, pooled writes (issue 37, docs/abca.md "Pooled writes"): 1 = the seed's one state per
+        anchor; P > 1 adds P - 1 summaries, each gathering with its own query map and read by zone queries as one
+        more key per anchor. Not decodable incrementally yet (the decoder refuses P > 1).
     """
 
     mechanism: ClassVar[str] = "abca"
@@ -56,12 +59,15 @@ class AnchorAttentionConfig:
     slot_width: int | None = None
     rope_base: float | None = 10_000.0
     num_kv_heads: int | None = None
+    summaries_per_anchor: int = 1
 
     def __post_init__(self):
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.placement == "fixed" and self.interval < 1:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
+        if self.summaries_per_anchor < 1:
+            raise ValueError(f"summaries_per_anchor must be >= 1, got {self.summaries_per_anchor}")
         if self.anchor_id is not None and self.vocab_size is not None and not 0 <= self.anchor_id < self.vocab_size:
             raise ValueError(f"anchor_id {self.anchor_id} lies outside the vocabulary [0, {self.vocab_size})")
         check_options(

@@ -6,6 +6,11 @@
   3. zone attention  interval tokens attend [left(t), right(t)] [causal: [left(t), t]], reading the two anchors'
                      post-handshake keys/values; anchors output their post-handshake state s
 
+With P = `summaries_per_anchor` > 1 (pooled writes, docs/abca.md) every anchor also writes P - 1 more summaries:
+summary p gathers with its own query (the anchor's q through `summary_wq[p - 1]`), shakes hands with summary p
+of the other anchors, and stage 3's rows read it as one more key/value of each anchor they hold (merged with the
+stage's own softmax through its log-sum-exp). Summary 0 is the seed's anchor state, and the anchors' output.
+
 Stages 1 and 3 are `ZonePattern`s run by `sparse_attn.attention` with the chosen implementation: None (the
 platform default, "packed"), "packed" (key-major anchor gather, zones packed in slots; the handshake on anchors in
 rank space, in pages), "xla" / "pallas" (the stages' Intervals through the block-gather XLA executor / the Pallas
@@ -59,13 +64,16 @@ def check_options(
         raise ValueError(f"slot_width ({slot_width}) must be >= max_zone ({max_zone})")
 
 
-def _check_arrays(q, k, v, zones: Zones) -> None:
+def _check_arrays(q, k, v, zones: Zones, summary_wq=None) -> None:
     if q.ndim != 4 or k.shape != v.shape or q.shape[:2] + q.shape[3:] != k.shape[:2] + k.shape[3:]:
         raise ValueError(f"ABCA needs q [B, N, H, D] and k, v [B, N, G, D], got {q.shape}, {k.shape}, {v.shape}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]})")
     if zones.is_anchor.shape != q.shape[:2]:
         raise ValueError(f"anchors {zones.is_anchor.shape} do not match q's [B, N] = {q.shape[:2]}")
+    h, d = q.shape[2:]
+    if summary_wq is not None and (summary_wq.ndim != 4 or summary_wq.shape[1:] != (h, d, d)):
+        raise ValueError(f"summary_wq must be [P - 1, H, D, D] = [P - 1, {h}, {d}, {d}], got {summary_wq.shape}")
 
 
 def abca_core(
@@ -84,6 +92,7 @@ def abca_core(
     scale: float | None = None,
     implementation: str | None = None,
     slot_width: int | None = None,
+    summary_wq: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """One ABCA attention over zones whose anchors lie at most `max_zone` apart.
 
@@ -96,11 +105,13 @@ def abca_core(
       gate_BxN: multiplies anchor outputs and values (1.0 forward; the straight-through path of learned placement).
       implementation: None, "packed", "xla", "pallas" or "reference" (module docstring).
       slot_width: queries per slot of the packed executor (default max_zone).
+      summary_wq: [P - 1, H, D, D], the extra anchor summaries' gather-query maps (module docstring); None = one
+        summary per anchor, the seed's layer.
 
     Returns:
       (out [B, N, H, D], info): info holds `handshake_overflow` int32[B] and, for "packed", `slots_used` int32[B].
     """
-    _check_arrays(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, zones)
+    _check_arrays(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, zones, summary_wq)
     opts = dict(
         max_zone=max_zone,
         handshake=handshake,
@@ -111,7 +122,8 @@ def abca_core(
     )
     check_options(**opts)
     qkv = (q_BxNxHxD, k_BxNxGxD, v_BxNxGxD)
-    return run_abca_core(*qkv, zones, proj, causal=causal, gate_BxN=gate_BxN, scale=scale, **opts)
+    return run_abca_core(*qkv, zones, proj, causal=causal, gate_BxN=gate_BxN, scale=scale, summary_wq=summary_wq,
+                         **opts)  # fmt: skip
 
 
 def run_abca_core(
@@ -130,6 +142,7 @@ def run_abca_core(
     scale: float | None,
     implementation: str | None,
     slot_width: int | None,
+    summary_wq: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """`abca_core` on inputs that are valid by construction: the layer, whose config checked the options once
     (`check_options` in `AnchorAttentionConfig`) and whose projections and zones have the right shapes."""
@@ -140,22 +153,33 @@ def run_abca_core(
     gate = jnp.ones(zones.is_anchor.shape, jnp.float32) if gate_BxN is None else gate_BxN
     width = (slot_width or max_zone) if impl == "packed" else None
 
-    def run(q_, k_, v_, stage):
+    def run(q_, k_, v_, stage, **kw):
         opts = {"slot_width": width} if width else {}
         pattern = ZonePattern(zones, stage=stage, causal=causal, max_zone=max_zone)
-        return attention(q_, k_, v_, pattern, implementation=impl, scale=scale, **opts)
+        return attention(q_, k_, v_, pattern, implementation=impl, scale=scale, **opts, **kw)
 
-    s = run(q, k, v, "gather")
     hs = dict(causal=causal, handshake=handshake, steps=handshake_steps, max_anchors=max_anchors, scale=scale)
-    if impl == "packed":
-        s, k_a, v_a = _paged_handshake(s, zones, proj, groups=k.shape[2], max_zone=max_zone, **hs)
-    else:
-        s, k_a, v_a = _positional_handshake(s, zones, proj, groups=k.shape[2], impl=impl, **hs)
+
+    def summary(q_gather):  # stages 1 and 2: an anchor summary's (s, k, v) at the anchor positions
+        s_ = run(q_gather, k, v, "gather")
+        if impl == "packed":
+            return _paged_handshake(s_, zones, proj, groups=k.shape[2], max_zone=max_zone, **hs)
+        return _positional_handshake(s_, zones, proj, groups=k.shape[2], impl=impl, **hs)
+
+    s, k_a, v_a = summary(q)
     anchor = zones.is_anchor[..., None, None]
     g = gate[..., None, None].astype(q.dtype)
     k3 = jnp.where(anchor, k_a, k)
     v3 = jnp.where(anchor, v_a * g, v)
-    o = run(q, k3, v3, "zones")
+    if summary_wq is None:
+        o = run(q, k3, v3, "zones")
+    else:
+        extra = []
+        for w_HxDxD in summary_wq:
+            _, k_p, v_p = summary(jnp.einsum("bnhd,hde->bnhe", q, w_HxDxD.astype(q.dtype)))
+            extra.append((k_p, v_p * g))
+        o, lse = run(q, k3, v3, "zones", return_lse=True)
+        o = read_summaries(o, lse, q, zones, extra, causal=causal, scale=scale)
     overflow = jnp.zeros_like(zones.num_anchors)
     if handshake == "global":
         overflow = jnp.maximum(zones.num_anchors - max_anchors, 0)
@@ -163,6 +187,38 @@ def run_abca_core(
     if width:  # the executor's layout: the same pure function of the zones (XLA computes it once)
         info["slots_used"] = abca_packed.slot_layout(zones.left, zones.valid_len, width).used
     return jnp.where(anchor, s * g, o), info
+
+
+def read_summaries(o_BxNxHxD, lse_BxNxH, q_BxNxHxD, zones: Zones, summaries, *, causal: bool, scale: float):
+    """Stage 3's output with each row's softmax widened to the extra summaries of the anchors it holds
+    (`patterns.abca.anchors_read`): `summaries` is [(k, v) [B, N, G, D] at the anchor positions] per summary.
+
+    The stage's (out, lse) and the extra logits merge as one softmax; rows without keys stay 0, and a summary no
+    row reads gets exactly zero gradient (its logits are selected away before the exponential)."""
+    b, n, h, _ = q_BxNxHxD.shape
+    pos, reads = abca.anchors_read(zones, causal)  # [B, N, 2]
+    idx = jnp.clip(pos, 0, n - 1).reshape(b, -1)
+    qf = q_BxNxHxD.astype(jnp.float32)
+    logits, values = [], []
+    for k_BxNxGxD, v_BxNxGxD in summaries:
+        rep = h // k_BxNxGxD.shape[2]  # KV group of each query head
+        take = lambda x: jnp.repeat(jnp.take_along_axis(x, idx[..., None, None], axis=1), rep, axis=2)  # noqa: E731
+        kk = take(k_BxNxGxD.astype(jnp.float32)).reshape(b, n, 2, h, -1)
+        values.append(take(v_BxNxGxD.astype(jnp.float32)).reshape(b, n, 2, h, -1))
+        logits.append(jnp.einsum("bnhd,bnjhd->bnhj", qf, kk, precision=jax.lax.Precision.HIGHEST) * scale)
+    logits_BxNxHxJ = jnp.concatenate(logits, axis=-1)
+    values_BxNxJxHxD = jnp.concatenate(values, axis=2)
+    ok = jnp.tile(reads, (1, 1, len(summaries)))[:, :, None, :]  # [B, N, 1, J], J = 2 (P - 1)
+    finite = ~jnp.isneginf(lse_BxNxH)
+    top = jnp.maximum(jnp.where(finite, lse_BxNxH, -jnp.inf), jnp.max(jnp.where(ok, logits_BxNxHxJ, -jnp.inf), -1))
+    top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))  # the merge does not depend on it
+    w0 = jnp.where(finite, jnp.exp(jnp.where(finite, lse_BxNxH, 0.0) - top), 0.0)
+    e = jnp.where(ok, jnp.exp(jnp.where(ok, logits_BxNxHxJ, 0.0) - top[..., None]), 0.0)
+    denom = w0 + jnp.sum(e, axis=-1)
+    num = o_BxNxHxD.astype(jnp.float32) * w0[..., None] + jnp.einsum("bnhj,bnjhd->bnhd", e, values_BxNxJxHxD,
+                                                                        precision=jax.lax.Precision.HIGHEST)
+    out = num / jnp.where(denom > 0, denom, 1.0)[..., None]
+    return out.astype(o_BxNxHxD.dtype)
 
 
 def opaque_zones(zones: Zones) -> Zones:

@@ -28,6 +28,12 @@ class AnchorAttention(nnx.Module):
         self.anchor_wk = nnx.Param(init(rngs.params(), (h, d, d)))
         # Values start as the identity: an anchor's zone value is its (post-handshake) state.
         self.anchor_wv = nnx.Param(jnp.broadcast_to(jnp.eye(d), (h, d, d)))
+        # Pooled writes: the extra summaries' gather-query maps, random so that the summaries start apart.
+        extra = config.summaries_per_anchor - 1
+        self.summary_wq = nnx.data(None)
+        if extra:
+            summary_init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
+            self.summary_wq = nnx.Param(summary_init(rngs.params(), (extra, h, d, d)))
         self.score = nnx.data(None)
         if config.placement == "learned":
             self.score = nnx.data(
@@ -94,6 +100,7 @@ class AnchorAttention(nnx.Module):
             scale=None,
             implementation=cfg.implementation,
             slot_width=cfg.slot_width,
+            summary_wq=None if self.summary_wq is None else self.summary_wq[...],
         )
         y = jnp.where(live, self.proj.out(o), 0.0).astype(x_BxNxD.dtype)
         stats = abca_stats(
@@ -105,6 +112,7 @@ class AnchorAttention(nnx.Module):
             handshake_steps=cfg.handshake_steps,
             max_anchors=cfg.max_anchors,
             slot_width=cfg.slot_width or cfg.max_zone,  # used when the core reports `slots_used` ("packed")
+            summaries_per_anchor=cfg.summaries_per_anchor,
         )
         stats = jax.tree.map(jax.lax.stop_gradient, stats)
         aux_losses = {} if aux is None else {"placement": aux}

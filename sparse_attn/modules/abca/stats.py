@@ -38,20 +38,23 @@ def abca_stats(
     handshake_steps: int,
     max_anchors: int | None,
     slot_width: int | None = None,
+    summaries_per_anchor: int = 1,
 ) -> dict:
     """Scalars (float32) for logging, unprefixed. `keys_per_query` counts the keys of every pass (stage 1, each
     handshake step, stage 3) per valid query, so that it times 4 * head_dim * heads * valid tokens is the forward
-    attention FLOPs; `slot_keys_per_query` is what the packed slots compute (their tiles, masked or not)."""
+    attention FLOPs; `slot_keys_per_query` is what the packed slots compute (their tiles, masked or not). With
+    P summaries per anchor, stages 1 and 2 run P times and each stage-3 row reads P - 1 more keys per anchor."""
     pos = jnp.arange(zones.num_tokens, dtype=jnp.int32)[None]
     live = pos < zones.valid_len[:, None]
     anchors, tokens = live & zones.is_anchor, live & ~zones.is_anchor
     g_lo, g_hi = abca.gather_lo_hi(zones, causal)
     z_lo, z_hi = abca.zone_lo_hi(zones, causal)
-    pairs = (
-        _range_pairs(g_lo, g_hi, anchors)
-        + _range_pairs(z_lo, z_hi, tokens)
-        + handshake_steps * jnp.sum(_handshake_pairs(zones.num_anchors, causal, handshake, max_anchors))
+    p = summaries_per_anchor
+    summary_pairs = _range_pairs(g_lo, g_hi, anchors) + handshake_steps * jnp.sum(
+        _handshake_pairs(zones.num_anchors, causal, handshake, max_anchors)
     )
+    extra_reads = (p - 1) * jnp.sum(abca.anchors_read(zones, causal)[1].astype(jnp.float32))
+    pairs = p * summary_pairs + _range_pairs(z_lo, z_hi, tokens) + extra_reads
     queries = jnp.maximum(jnp.sum(zones.valid_len), 1).astype(jnp.float32)
     out = dict(abca.zone_stats(zones))
     out.update(

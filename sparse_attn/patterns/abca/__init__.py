@@ -2,9 +2,10 @@
 
 from sparse_attn.patterns.abca.handshake import anchor_positions, chain_handshake, global_handshake
 from sparse_attn.patterns.abca.layer_pattern import (
+    ZonePattern,
+    anchors_read,
     gather_intervals,
     gather_lo_hi,
-    ZonePattern,
     layer_intervals,
     zone_intervals,
     zone_lo_hi,
@@ -23,6 +24,7 @@ __all__ = [
     "ZonePattern",
     "Zones",
     "anchor_positions",
+    "anchors_read",
     "chain_handshake",
     "compute_zones",
     "enforce_zone_cap",
