@@ -176,7 +176,8 @@ def nsa_for_budget(window: int, n: int, target: float) -> NsaAttentionConfig:
 # The config fields a results row records (and the tables show): every variant's tuned and defining parameters.
 RECORDED_FIELDS = ("radius", "interval", "max_zone", "block", "num_labels", "top_k", "landmark_every", "position_cell",
                    "phase", "handshake", "handshake_steps", "placement", "block_size", "compress_block",
-                   "compress_stride", "select_block", "top_n", "window", "router_input_gradient")
+                   "compress_stride", "select_block", "top_n", "window", "router_input_gradient",
+                   "summaries_per_anchor")
 
 
 def recorded_fields(att) -> dict:
