@@ -10,7 +10,7 @@ import sys
 
 CHECK = """
 import jax, jax.numpy as jnp, numpy as np
-from sparse_attn.executors.labels.band import merge_lse
+from sparse_attn.executors.softmax import merge_lse
 o = jax.random.normal(jax.random.PRNGKey(0), (2, 1, 64, 2, 2, 2, 8))
 l = jax.random.normal(jax.random.PRNGKey(1), (2, 1, 64, 2, 2, 2)).at[1, :, 45:].set(-jnp.inf)
 out, lse = jax.block_until_ready(jax.jit(lambda o, l: merge_lse(o, l, axis=3))(o, l))

@@ -30,23 +30,6 @@ def band_rows(x_ExF: jax.Array, nb: int, block: int, left: int, width: int) -> j
     return stacked.reshape((nb, nc * block) + x_ExF.shape[1:])[:, off : off + width]
 
 
-def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
-    """Merges S partial softmax results along `axis` (of out's leading axes); all -inf rows give (0, -inf)."""
-    m = jax.lax.stop_gradient(jnp.max(lse_xS, axis=axis, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    w = jnp.exp(lse_xS - m)
-    tot = jnp.sum(w, axis=axis, keepdims=True)
-    alive = tot > 0
-    w_xS1 = jnp.expand_dims(w / jnp.where(alive, tot, 1.0), -1)
-    # S is small and static: a sum of slices, not a reduce. jaxlib 0.10.2's CPU backend segfaults running the
-    # reduce over S for some shapes (o [2, 1, 64, S=2, 2, 2, 8], axis 3: the bucket and landmark parts of a
-    # k = 1 batch of 2 under the executor's vmaps).
-    take = lambda x, s: jnp.take(x, s, axis=axis)
-    out = sum(take(out_xSxD, s) * take(w_xS1, s) for s in range(out_xSxD.shape[axis]))
-    lse = jnp.where(alive, m + jnp.log(jnp.where(alive, tot, 1.0)), -jnp.inf)
-    return out, jnp.squeeze(lse, axis)
-
-
 def _unband(dx_xCxF: jax.Array, rows: int, block: int, left: int) -> jax.Array:
     """The transpose of `band_rows`: adds each band slot back onto its row; [rows, ...]."""
     nb, width = dx_xCxF.shape[:2]

@@ -27,10 +27,9 @@ from sparse_attn.executors.labels.band import (
     band_attention,
     band_mask,
     band_width,
-    merge_lse,
 )
 from sparse_attn.executors.labels.heads import merge_heads, split_heads
-from sparse_attn.executors.softmax import finite_rows, masked_softmax, range_any
+from sparse_attn.executors.softmax import finite_rows, masked_softmax, merge_lse, range_any
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.buckets import BucketLayout, bucket_layout

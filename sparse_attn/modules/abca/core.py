@@ -29,6 +29,7 @@ from sparse_attn.attention import attention, available_implementations, default_
 from sparse_attn.executors.abca import anchors
 from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca.anchors import AnchorProjections
+from sparse_attn.executors.softmax import merge_lse
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern
 from sparse_attn.patterns.abca.handshake import anchor_positions
@@ -193,31 +194,22 @@ def read_summaries(o_BxNxHxD, lse_BxNxH, q_BxNxHxD, zones: Zones, summaries, *, 
     """Stage 3's output with each row's softmax widened to the extra summaries of the anchors it holds
     (`patterns.abca.anchors_read`): `summaries` is [(k, v) [B, N, G, D] at the anchor positions] per summary.
 
-    The stage's (out, lse) and the extra logits merge as one softmax; rows without keys stay 0, and a summary no
-    row reads gets exactly zero gradient (its logits are selected away before the exponential)."""
+    Each extra key is one more partial softmax (its value, its logit as lse; -inf where the row does not hold that
+    anchor), merged with the stage's (out, lse) by `merge_lse`: rows without keys stay 0, and a summary no row
+    reads gets exactly zero gradient."""
     b, n, h, _ = q_BxNxHxD.shape
     pos, reads = abca.anchors_read(zones, causal)  # [B, N, 2]
-    idx = jnp.clip(pos, 0, n - 1).reshape(b, -1)
-    qf = q_BxNxHxD.astype(jnp.float32)
-    logits, values = [], []
+    outs, lses = [o_BxNxHxD.astype(jnp.float32)[:, :, :, None]], [lse_BxNxH[..., None]]
     for k_BxNxGxD, v_BxNxGxD in summaries:
         rep = h // k_BxNxGxD.shape[2]  # KV group of each query head
-        take = lambda x: jnp.repeat(jnp.take_along_axis(x, idx[..., None, None], axis=1), rep, axis=2)  # noqa: E731
-        kk = take(k_BxNxGxD.astype(jnp.float32)).reshape(b, n, 2, h, -1)
-        values.append(take(v_BxNxGxD.astype(jnp.float32)).reshape(b, n, 2, h, -1))
-        logits.append(jnp.einsum("bnhd,bnjhd->bnhj", qf, kk, precision=jax.lax.Precision.HIGHEST) * scale)
-    logits_BxNxHxJ = jnp.concatenate(logits, axis=-1)
-    values_BxNxJxHxD = jnp.concatenate(values, axis=2)
-    ok = jnp.tile(reads, (1, 1, len(summaries)))[:, :, None, :]  # [B, N, 1, J], J = 2 (P - 1)
-    finite = ~jnp.isneginf(lse_BxNxH)
-    top = jnp.maximum(jnp.where(finite, lse_BxNxH, -jnp.inf), jnp.max(jnp.where(ok, logits_BxNxHxJ, -jnp.inf), -1))
-    top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))  # the merge does not depend on it
-    w0 = jnp.where(finite, jnp.exp(jnp.where(finite, lse_BxNxH, 0.0) - top), 0.0)
-    e = jnp.where(ok, jnp.exp(jnp.where(ok, logits_BxNxHxJ, 0.0) - top[..., None]), 0.0)
-    denom = w0 + jnp.sum(e, axis=-1)
-    num = o_BxNxHxD.astype(jnp.float32) * w0[..., None] + jnp.einsum("bnhj,bnjhd->bnhd", e, values_BxNxJxHxD,
-                                                                        precision=jax.lax.Precision.HIGHEST)
-    out = num / jnp.where(denom > 0, denom, 1.0)[..., None]
+        at = lambda x: jnp.repeat(jax.vmap(lambda x_, i: x_[i])(x, pos), rep, axis=3)  # [B, N, 2, H, D]  # noqa: E731
+        k_BxNx2xHxD, v_BxNx2xHxD = at(k_BxNxGxD.astype(jnp.float32)), at(v_BxNxGxD.astype(jnp.float32))
+        logits = jnp.einsum("bnhd,bnjhd->bnhj", q_BxNxHxD.astype(jnp.float32), k_BxNx2xHxD,
+                            precision=jax.lax.Precision.HIGHEST) * scale  # fmt: skip
+        held = reads[:, :, None, :]  # [B, N, 1, 2]
+        lses.append(jnp.where(held, logits, -jnp.inf))
+        outs.append(jnp.where(held[..., None], jnp.moveaxis(v_BxNx2xHxD, 2, 3), 0.0))  # [B, N, H, 2, D]
+    out, _ = merge_lse(jnp.concatenate(outs, axis=3), jnp.concatenate(lses, axis=3), axis=3)
     return out.astype(o_BxNxHxD.dtype)
 
 

@@ -53,7 +53,7 @@ def abca_stats(
     summary_pairs = _range_pairs(g_lo, g_hi, anchors) + handshake_steps * jnp.sum(
         _handshake_pairs(zones.num_anchors, causal, handshake, max_anchors)
     )
-    extra_reads = (p - 1) * jnp.sum(abca.anchors_read(zones, causal)[1].astype(jnp.float32))
+    extra_reads = (p - 1) * jnp.sum(abca.anchors_read(zones, causal)[1].astype(jnp.float32)) if p > 1 else 0.0
     pairs = p * summary_pairs + _range_pairs(z_lo, z_hi, tokens) + extra_reads
     queries = jnp.maximum(jnp.sum(zones.valid_len), 1).astype(jnp.float32)
     out = dict(abca.zone_stats(zones))

@@ -47,13 +47,13 @@ def zone_lo_hi(zones: Zones, causal: bool) -> tuple[jax.Array, jax.Array]:
 
 def anchors_read(zones: Zones, causal: bool) -> tuple[jax.Array, jax.Array]:
     """(pos int32[B, N, 2], reads bool[B, N, 2]): the anchors an interval token's stage-3 row holds — left(t), and
-    right(t) where it is an anchor (bidirectional only) — for the extra anchor summaries (`summaries_per_anchor`)."""
+    right(t) where it is an anchor (bidirectional only) — for the extra anchor summaries (`summaries_per_anchor`).
+    Every `pos` is a valid index (padding's -1 clipped to 0); `reads` says which are held."""
     _, _, tokens = _rows(zones)
     lo, hi = zone_lo_hi(zones, causal)
     hi = jnp.broadcast_to(hi, lo.shape)  # causal: hi = t, [1, N]
-    pos = jnp.stack([lo, hi], axis=-1)
-    at = jnp.take_along_axis(zones.is_anchor, jnp.clip(pos, 0, zones.num_tokens - 1).reshape(pos.shape[0], -1),
-                             axis=1).reshape(pos.shape)  # fmt: skip
+    pos = jnp.clip(jnp.stack([lo, hi], axis=-1), 0, zones.num_tokens - 1)
+    at = jax.vmap(lambda a, i: a[i])(zones.is_anchor, pos)
     reads = at & tokens[..., None] & jnp.stack([jnp.ones_like(lo, bool), hi != lo], axis=-1)
     return pos, reads
 
