@@ -4,14 +4,17 @@ The causal ABCA layer is a recurrence over positions, so one token at a time rep
 
 * placement at t: explicit (`token == anchor_id`), fixed (`t % interval == 0`) or learned (`score(x_t) > 0`); t = 0
   is forced, and the zone cap inserts a fallback where `(t - last placed anchor) % max_zone == 0`;
-* interval token t: attends its zone `[left(t), t]`, reading the left anchor's post-handshake key/value;
-* anchor t = a_j: stage 1 gathers `[a_{j-1}, t]` (raw keys/values, i.e. the closing zone and itself); each handshake
-  step attends the previous anchor's step-l key/value and its own (chain), or every earlier anchor's (global, ranks
-  below `max_anchors`; later ranks keep the chain); its final state gives the key/value the new zone reads.
+* interval token t: attends its zone `[left(t), t]`, reading the left anchor's post-handshake key/value (and, with
+  P = `summaries_per_anchor` > 1 pooled writes, its P - 1 extra summaries' keys/values in the same softmax);
+* anchor t = a_j: stage 1 gathers `[a_{j-1}, t]` (raw keys/values, i.e. the closing zone and itself), once per
+  summary (summary p > 0 with its own query `q @ summary_wq[p - 1]`); each handshake step attends the previous
+  anchor's step-l key/value of the same summary and its own (chain), or every earlier anchor's (global, ranks below
+  `max_anchors`; later ranks keep the chain); its final state gives the key/value the new zone reads.
 
-The cache holds the open zone's raw keys/values (`max_zone` rows), its anchor's post-handshake key/value, the previous
-anchor's handshake keys/values per step and, for the global handshake, those of the first `max_anchors` anchors: its
-size does not depend on the context length. Keys of a closed zone are overwritten by the next zone's.
+The cache holds the open zone's raw keys/values (`max_zone` rows), its anchor's post-handshake keys/values, the
+previous anchor's handshake keys/values per summary and step and, for the global handshake, those of the first
+`max_anchors` anchors: its size does not depend on the context length. Keys of a closed zone are overwritten by the
+next zone's.
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ __all__ = ["AbcaCache", "cache_bytes", "init_cache", "step"]  # cache_bytes: the
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class AbcaCache:
-    """One layer's decode state; Z = max_zone, S = handshake steps, M = max_anchors (global) or 0 (chain).
+    """One layer's decode state; Z = max_zone, P = summaries per anchor, S = handshake steps, M = max_anchors
+    (global) or 0 (chain).
 
     Attributes:
       zone_k, zone_v: [B, Z, G, D] raw (RoPE'd) keys/values of the open zone, row = position - left.
-      anchor_k, anchor_v: [B, G, D] the open zone's anchor: post-handshake key and (gated) value.
+      anchor_k, anchor_v: [B, P, G, D] the open zone's anchor: post-handshake key and (gated) value per summary.
       left: int32[B] the open zone's anchor (-1 before position 0).
       last_placed: int32[B] the last anchor the placement produced (the zone cap counts from it).
       rank: int32[B] anchors so far.
-      prev_k, prev_v: [B, S, H, D] the previous anchor's handshake key/value at each step.
-      head_k, head_v: [B, S, M, H, D] handshake keys/values of the first M anchors (global handshake).
+      prev_k, prev_v: [B, P, S, H, D] the previous anchor's handshake key/value per summary and step.
+      head_k, head_v: [B, P, S, M, H, D] handshake keys/values of the first M anchors (global handshake).
     """
 
     zone_k: jax.Array
@@ -69,11 +73,6 @@ def _check_module(module) -> None:
     if not isinstance(module, AnchorAttention):
         raise TypeError(f"the ABCA decoder needs an AnchorAttention, got {type(module).__name__}")
     cfg = module.config
-    if cfg.summaries_per_anchor != 1:
-        raise ValueError(
-            f"ABCA decoding keeps one summary per anchor; config.summaries_per_anchor = {cfg.summaries_per_anchor} "
-            "(pooled writes) runs only in the full forward pass"
-        )
     if cfg.placement == "explicit" and cfg.anchor_id is None:
         raise ValueError(
             "ABCA decoding with explicit placement reads anchors from token ids: config.anchor_id is needed "
@@ -82,27 +81,27 @@ def _check_module(module) -> None:
 
 
 def init_cache(module: AnchorAttention, batch: int, max_len: int, dtype=jnp.float32) -> AbcaCache:
-    """An empty cache; its size is independent of `max_len` (only checked), O(max_zone + max_anchors) per layer."""
+    """An empty cache; its size is independent of `max_len` (only checked), O(max_zone + P max_anchors) per layer."""
     _check_module(module)
     if batch < 1 or max_len < 1:
         raise ValueError(f"batch and max_len must be >= 1, got {batch}, {max_len}")
     cfg, proj = module.config, module.proj
     h, g, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
-    s, m, z = cfg.handshake_steps, _head_size(module), cfg.max_zone
+    p, s, m, z = cfg.summaries_per_anchor, cfg.handshake_steps, _head_size(module), cfg.max_zone
     zeros = lambda *shape: jnp.zeros(shape, dtype)
     ints = lambda value: jnp.full((batch,), value, jnp.int32)
     return AbcaCache(
         zone_k=zeros(batch, z, g, d),
         zone_v=zeros(batch, z, g, d),
-        anchor_k=zeros(batch, g, d),
-        anchor_v=zeros(batch, g, d),
+        anchor_k=zeros(batch, p, g, d),
+        anchor_v=zeros(batch, p, g, d),
         left=ints(-1),
         last_placed=ints(0),
         rank=ints(0),
-        prev_k=zeros(batch, s, h, d),
-        prev_v=zeros(batch, s, h, d),
-        head_k=zeros(batch, s, m, h, d),
-        head_v=zeros(batch, s, m, h, d),
+        prev_k=zeros(batch, p, s, h, d),
+        prev_v=zeros(batch, p, s, h, d),
+        head_k=zeros(batch, p, s, m, h, d),
+        head_v=zeros(batch, p, s, m, h, d),
     )
 
 
@@ -140,27 +139,42 @@ def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeCo
     return is_anchor, placed, gate
 
 
-def _handshake(module: AnchorAttention, s_BxHxD, pos_Bx1, cache: AbcaCache, scale: float):
-    """The new anchor's handshake steps: (final state [B, H, D], its AnchorProjections, its per-step handshake keys
-    and values [B, S, H, D], which the next anchor (chain) or the later head ranks (global) read)."""
+def _handshake(module: AnchorAttention, s_BxHxD, pos_Bx1, cache: AbcaCache, summary: int, scale: float):
+    """The new anchor's handshake steps for one summary: (final state [B, H, D], its per-step handshake keys and
+    values [B, S, H, D], which the next anchor (chain) or the later head ranks (global) read)."""
     cfg = module.config
-    ap = AnchorProjections(module.anchor_wq[...], module.anchor_wk[...], module.anchor_wv[...], cfg.rope_base)
+    ap = _anchor_projections(module)
     m = _head_size(module)
     rank = cache.rank[:, None]
     in_head = rank < m  # global ranks below max_anchors attend every earlier anchor; the rest keep the chain
     ok_prev = (rank > 0) & ~in_head
     ok_head = in_head & (jnp.arange(m)[None] < rank)
     allowed = jnp.concatenate([ok_prev, ok_head, jnp.ones_like(ok_prev)], axis=1)  # [B, 1 + M + 1]
+    prev_k, prev_v = cache.prev_k[:, summary], cache.prev_v[:, summary]
+    head_k, head_v = cache.head_k[:, summary], cache.head_v[:, summary]
     ks, vs = [], []
     for step in range(cfg.handshake_steps):
         s = s_BxHxD[:, None]
         q, k, v = ap.query(s, pos_Bx1)[:, 0], ap.key(s, pos_Bx1)[:, 0], ap.value(s, pos_Bx1)[:, 0]
-        keys = jnp.concatenate([cache.prev_k[:, step, None], cache.head_k[:, step], k[:, None]], axis=1)
-        vals = jnp.concatenate([cache.prev_v[:, step, None], cache.head_v[:, step], v[:, None]], axis=1)
+        keys = jnp.concatenate([prev_k[:, step, None], head_k[:, step], k[:, None]], axis=1)
+        vals = jnp.concatenate([prev_v[:, step, None], head_v[:, step], v[:, None]], axis=1)
         s_BxHxD = s_BxHxD + _attend(q, keys, vals, allowed, scale).astype(s_BxHxD.dtype)
         ks.append(k)
         vs.append(v)
-    return s_BxHxD, ap, jnp.stack(ks, 1), jnp.stack(vs, 1)
+    return s_BxHxD, jnp.stack(ks, 1), jnp.stack(vs, 1)
+
+
+def _anchor_projections(module: AnchorAttention) -> AnchorProjections:
+    return AnchorProjections(module.anchor_wq[...], module.anchor_wk[...], module.anchor_wv[...],
+                             module.config.rope_base)  # fmt: skip
+
+
+def _summary_queries(module: AnchorAttention, q_BxHxD) -> list[jax.Array]:
+    """Each summary's gather query: the anchor's own q (summary 0), then q through `summary_wq[p - 1]`."""
+    if module.summary_wq is None:
+        return [q_BxHxD]
+    w = module.summary_wq[...].astype(q_BxHxD.dtype)
+    return [q_BxHxD] + [jnp.einsum("bhd,hde->bhe", q_BxHxD, w_HxDxD) for w_HxDxD in w]
 
 
 def _check_step(module, x_Bx1xD, cache: AbcaCache, ctx: DecodeContext) -> None:
@@ -198,25 +212,38 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
     row = jnp.arange(z)[None]
     off = t - cache.left  # interval token: its row in the zone; anchor: rows of the closing zone (<= max_zone)
 
-    # Stage 1 (anchor rows): the closing zone [a_{j-1}, t) from the cache (none at t = 0), and t itself.
+    # Stages 1-2 (anchor rows), per summary: gather the closing zone [a_{j-1}, t) from the cache (none at t = 0)
+    # and t itself, then shake hands with the same summary of the earlier anchors.
     keys = jnp.concatenate([cache.zone_k, k[:, None]], axis=1)
     vals = jnp.concatenate([cache.zone_v, v[:, None]], axis=1)
     closing = (row < off[:, None]) & (cache.rank[:, None] > 0)
     allowed = jnp.concatenate([closing, jnp.ones((b, 1), bool)], axis=1)
-    s = _attend(q, keys, vals, allowed, scale).astype(q.dtype)
-    s, ap, hs_k, hs_v = _handshake(module, s, pos_Bx1, cache, scale)
+    ap = _anchor_projections(module)
     g = gate[:, None, None].astype(q.dtype)
-    k_a = ap.key(s[:, None], pos_Bx1, proj.num_kv_heads)[:, 0]
-    v_a = ap.value(s[:, None], pos_Bx1, proj.num_kv_heads)[:, 0] * g
+    states, hs_k, hs_v, k_a, v_a = [], [], [], [], []
+    for p, q_p in enumerate(_summary_queries(module, q)):
+        s_p = _attend(q_p, keys, vals, allowed, scale).astype(q.dtype)
+        s_p, ks_p, vs_p = _handshake(module, s_p, pos_Bx1, cache, p, scale)
+        states.append(s_p)
+        hs_k.append(ks_p)
+        hs_v.append(vs_p)
+        k_a.append(ap.key(s_p[:, None], pos_Bx1, proj.num_kv_heads)[:, 0])
+        v_a.append(ap.value(s_p[:, None], pos_Bx1, proj.num_kv_heads)[:, 0] * g)
+    s = states[0]  # summary 0 is the seed's anchor state: the anchor's output
+    k_a, v_a, hs_k, hs_v = (jnp.stack(x, 1) for x in (k_a, v_a, hs_k, hs_v))  # [B, P, ...]
 
-    # Stage 3 (interval rows): [left, t], the anchor's row read as its post-handshake key/value.
+    # Stage 3 (interval rows): [left, t], the anchor's row read as its post-handshake key/value, and its extra
+    # summaries as P - 1 more keys of the same softmax (the full pass merges them through the zone stage's lse).
     write = jnp.where(is_anchor, 0, jnp.clip(off, 0, z - 1))  # an anchor opens a zone at row 0
     zone_k = cache.zone_k.at[bi, write].set(k.astype(cache.zone_k.dtype))
     zone_v = cache.zone_v.at[bi, write].set(v.astype(cache.zone_v.dtype))
     first = (row == 0)[..., None, None]
-    k3 = jnp.where(first, cache.anchor_k[:, None], zone_k)
-    v3 = jnp.where(first, cache.anchor_v[:, None], zone_v)
-    o3 = _attend(q, k3, v3, row <= off[:, None], scale).astype(q.dtype)
+    k3 = jnp.where(first, cache.anchor_k[:, :1], zone_k)
+    v3 = jnp.where(first, cache.anchor_v[:, :1], zone_v)
+    k3 = jnp.concatenate([k3, cache.anchor_k[:, 1:]], axis=1)
+    v3 = jnp.concatenate([v3, cache.anchor_v[:, 1:]], axis=1)
+    extra = jnp.ones((b, cfg.summaries_per_anchor - 1), bool)
+    o3 = _attend(q, k3, v3, jnp.concatenate([row <= off[:, None], extra], axis=1), scale).astype(q.dtype)
 
     o = jnp.where(is_anchor[:, None, None], s * g, o3)
     y = proj.out(o[:, None]).astype(x_Bx1xD.dtype)
@@ -225,8 +252,8 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
     sel = lambda new, old: jnp.where(a.reshape((b,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
     m = _head_size(module)
     head_row = jnp.where(a & (cache.rank < m), cache.rank, m)  # index m: dropped (no write)
-    head_k = cache.head_k.at[bi, :, head_row].set(hs_k.astype(cache.head_k.dtype), mode="drop")
-    head_v = cache.head_v.at[bi, :, head_row].set(hs_v.astype(cache.head_v.dtype), mode="drop")
+    head_k = cache.head_k.at[bi, :, :, head_row].set(hs_k.astype(cache.head_k.dtype), mode="drop")
+    head_v = cache.head_v.at[bi, :, :, head_row].set(hs_v.astype(cache.head_v.dtype), mode="drop")
     new = AbcaCache(
         zone_k=zone_k,
         zone_v=zone_v,

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.decode.abca import init_cache
 from sparse_attn.diagnostics.abca import abca_maps
 from sparse_attn.modules import AnchorAttentionConfig
 from sparse_attn.modules.abca import AnchorAttention, AnchorProjections, abca_core
@@ -119,8 +118,6 @@ def test_layer_learns_its_summaries_and_refusals_are_clear():
     assert float(jnp.max(jnp.abs(grads.summary_wq[...]))) > 0
     with pytest.raises(ValueError, match="summaries_per_anchor must be >= 1"):
         AnchorAttentionConfig(summaries_per_anchor=0)
-    with pytest.raises(ValueError, match="summaries_per_anchor"):
-        init_cache(layer, 1, N)
     with pytest.raises(ValueError, match="summaries_per_anchor"):
         abca_maps(layer, x, ctx)
     zones, (q, k, v), w = _setup(0)

@@ -1,6 +1,7 @@
 """ABCA incremental decoding == the causal full forward pass, at every position (teacher forcing, fp32).
 
-Each placement mode (explicit, fixed, learned) runs with the chain and the global handshake; the configurations
+Each placement mode (explicit, fixed, learned) runs with the chain and the global handshake, and pooled writes
+(`summaries_per_anchor` > 1) with each handshake; the configurations
 are chosen so that zones close, the zone cap inserts fallback anchors, the global handshake overflows its head, and
 row 1 is padded (its valid positions must agree; the full pass's padding never reaches them).
 """
@@ -41,6 +42,13 @@ CONFIGS = {
     ),
     "learned_global": AnchorAttentionConfig(
         placement="learned", max_zone=9, handshake="global", max_anchors=5, handshake_steps=2, score_bias_init=-1.0,
+    ),
+    # Pooled writes (P summaries per anchor): each summary's gather, handshake and zone read, online.
+    "fixed_chain_p3": AnchorAttentionConfig(placement="fixed", interval=10, max_zone=7, summaries_per_anchor=3,
+                                            num_kv_heads=2),  # fmt: skip
+    "learned_global_p2": AnchorAttentionConfig(
+        placement="learned", max_zone=9, handshake="global", max_anchors=5, handshake_steps=2, score_bias_init=-1.0,
+        straight_through=True, summaries_per_anchor=2,
     ),
 }
 
@@ -101,9 +109,11 @@ def test_decode_matches_full_forward(name):
 
 def test_cache_does_not_grow_with_context():
     """Bytes from the cache's shapes alone (no allocation): flat in max_len; at 64k with anchors every 256 the cache
-    is far below 1/64 of a dense KV cache (2 * max_len * G * D values), for the chain and the global handshake."""
+    is far below 1/64 of a dense KV cache (2 * max_len * G * D values), for the chain and the global handshake and
+    four summaries per anchor."""
     n = 65536
-    for handshake, extra in (("chain", {}), ("global", {"max_anchors": n // 256})):
+    cases = (("chain", {}), ("global", {"max_anchors": n // 256}), ("chain", {"summaries_per_anchor": 4}))
+    for handshake, extra in cases:
         cfg = AnchorAttentionConfig(placement="fixed", interval=256, max_zone=256, handshake=handshake, **extra)
         module = cfg.make(256, 4, rngs=nnx.Rngs(0))
         size = lambda max_len: abca_decode.cache_bytes(
