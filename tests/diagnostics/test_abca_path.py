@@ -29,7 +29,8 @@ X = jax.random.normal(jax.random.PRNGKey(3), (2, N, D))
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(handshake_steps=2), dict(handshake="global", max_anchors=8),
-                                dict(num_kv_heads=1)])  # fmt: skip
+                                dict(num_kv_heads=1), dict(summaries_per_anchor=3, num_kv_heads=1),
+                                dict(summaries_per_anchor=2, handshake="global", max_anchors=8)])  # fmt: skip
 @pytest.mark.parametrize("causal", [True, False])
 def test_maps_rebuild_the_layer(kw, causal):
     layer, ctx = _layer(**kw), _ctx(causal)
@@ -40,8 +41,9 @@ def test_maps_rebuild_the_layer(kw, causal):
     np.testing.assert_allclose(rebuilt, y, atol=2e-5)
 
 
-def test_flow_rows_sum_to_one_and_stay_on_routes():
-    layer, ctx = _layer(), _ctx()
+@pytest.mark.parametrize("summaries", [1, 2])
+def test_flow_rows_sum_to_one_and_stay_on_routes(summaries):
+    layer, ctx = _layer(summaries_per_anchor=summaries), _ctx()
     maps = abca_maps(layer, X, ctx)
     flow = np.asarray(layer_flow(maps))
     np.testing.assert_allclose(flow[0].sum(-1), 1.0, rtol=1e-5)
@@ -101,3 +103,20 @@ def test_positions_out_of_range_refused():
     maps = abca_maps(layer, X, ctx)
     with pytest.raises(ValueError, match="k_pos must lie in"):
         abca_hops(maps, jnp.array([[20]]), jnp.array([[N]]))
+
+
+def test_pooled_writes_are_more_routes_of_the_same_anchors():
+    """P = 2: a zone row reads each anchor it holds twice (two summaries); under uniform attention query 20 has
+    keys 19, 20 and the anchor at 18's two summaries, and each summary carries 9 through its own gather."""
+    layer, ctx = _layer(summaries_per_anchor=2), _ctx()
+    maps, uni = abca_maps(layer, X, ctx), abca_maps(layer, X, ctx, uniform=True)
+    assert len(maps.summaries) == 1
+    q_pos, k_pos = jnp.array([[20, 20]], jnp.int32), jnp.array([[19, 9]], jnp.int32)
+    hops = {k: np.asarray(v)[0] for k, v in abca_hops(maps, q_pos, k_pos, uni).items()}
+    np.testing.assert_allclose(hops["direct_uniform"][:, 0], 1 / 4, rtol=1e-6)
+    np.testing.assert_allclose(hops["to_anchor_uniform"][:, 0], 2 / 4, rtol=1e-6)
+    # each summary: 1/4 (read) x 0.25 (one chain step 12 -> 18) x 1/7 (the anchor at 12 gathers [6, 12])
+    np.testing.assert_allclose(hops["flow_uniform"][:, 1], 2 * (1 / 4 * 0.25 * 1 / 7), rtol=1e-5)
+    # the trained weights differ between the summaries: the second gather query is its own
+    assert not np.allclose(np.asarray(maps.gather), np.asarray(maps.summaries[0].gather))
+    assert np.all(hops["flow"][:, 1] > 0)
