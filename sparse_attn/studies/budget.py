@@ -28,6 +28,7 @@ labels_st_sg, labels_pos_sg (as labels, labels_st and labels_pos, the router rea
 gradient into the residual stream), abca (newline anchors, chain handshake, 1
 step), abca_hs2 (2 handshake steps), abca_global (global handshake), abca_fixed, abca_fixed_global (fixed anchors,
 global handshake), abca_fixed_p2 / abca_fixed_p4 (fixed anchors, 2 / 4 summaries per anchor: pooled writes),
+abca_fixed_global_p2 (both: the global handshake and 2 summaries per anchor),
 abca_learned (score head trained towards newlines), moba (block size tuned, top-3 blocks; keys counted in closed
 form: they do not depend on what the gate picks), moba_b1 (one-token blocks, top_k tuned), nsa
 (window tuned; compression and selection sized from the budget, `nsa_for_budget`; keys in closed form, as MoBA's).
@@ -142,6 +143,11 @@ VARIANTS: dict[str, Variant | None] = {
     "abca_fixed_p4": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z,
                                                                    summaries_per_anchor=4), "interval",
                              monotone=False),
+    "abca_fixed_global_p2": Variant(lambda z, n, t: AnchorAttentionConfig(placement="fixed", interval=z, max_zone=z,
+                                                                          handshake="global",
+                                                                          max_anchors=4 * math.ceil(n / z),
+                                                                          summaries_per_anchor=2), "interval",
+                                    monotone=False),
     # MoBA (arXiv 2502.13189): the own block plus the top-2 of the earlier blocks by q · mean(K_block), the paper's
     # top-3; the block size is tuned.
     "moba": Variant(lambda u, n, t: MobaAttentionConfig(block_size=u * moba_unit(t), top_k=3, causal=True,
