@@ -15,7 +15,7 @@ and the router's gradient norms from the training loss and from its own losses; 
 the evidence to the answer's query against uniform attention's). Layers without a registered probe (NSA,
 non-crossing routing) are listed with `"probe": null`, and the rollout is then null.
 
-Summary of many runs and steps (mean ± std over seeds, per variant, step and layer):
+Summary of many runs and steps (mean ± std over seeds, per variant and attention config, step and layer):
   python -m experiments.retrieval.diagnose --workdir runs/retrieval/cpu/passkey_n256_labels_k24_s* \
       --step 250 500 750 1000 --out experiments/results/diagnose_passkey_n256.jsonl
   python -m experiments.retrieval.diagnose --table experiments/results/diagnose_passkey_n256.jsonl
@@ -72,9 +72,9 @@ def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=
     roll = attention_rollout(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
     rollout = None if roll is None else {name: round(float(np.mean(val)), 5) for name, val in roll.items()}
     return {"workdir": workdir, "variant": run.stored.get("variant"), "seed": run.stored["train"].get("seed"),
-            "step": run.step, "task": run.stored["task_name"], "examples": examples,
-            "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets), "layers": layers,
-            "rollout": rollout}
+            "attention": run.stored["model"].get("attention"), "step": run.step, "task": run.stored["task_name"],
+            "examples": examples, "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets),
+            "layers": layers, "rollout": rollout}
 
 
 def _label_rows(run, batch, tokens, q_pos, k_pos, layers) -> None:
@@ -156,13 +156,32 @@ COLUMNS = ("recall", "mass", "uniform_mass", "direct", "to_anchor", "to_anchor_u
            "labels/reads_landmark_mass", "labels/reads_landmark_uniform")
 
 
+def _group_names(rows: list[dict]) -> dict:
+    """{(variant, attention JSON): its name in the table}: the variant, and where one variant ran with several
+    attention configs (budgets: e.g. an interval of 9 and one of 14), the config fields that tell them apart."""
+    configs: dict = {}
+    for r in rows:
+        configs.setdefault(r["variant"], {})[json.dumps(r.get("attention"), sort_keys=True)] = r.get("attention") or {}
+    names = {}
+    for variant, by_key in configs.items():
+        fields = sorted({f for cfg in by_key.values() for f in cfg} - {"_type"})
+        differ = [f for f in fields if len({json.dumps(cfg.get(f)) for cfg in by_key.values()}) > 1]
+        for key, cfg in by_key.items():
+            detail = ", ".join(f"{f} {cfg[f]}" if f in cfg else f"{f} unrecorded" for f in differ)
+            names[(variant, key)] = f"{variant} ({detail})" if detail else str(variant)
+    return names
+
+
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per (variant, step, layer), each column `mean ± std` over the seeds, and the rollout."""
+    """Markdown: one line per (variant and its attention config, step, layer), each column `mean ± std` over the
+    seeds, and the rollout."""
+    names = _group_names(rows)
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["variant"], r["step"]), []).append(r)
+        name = names[(r["variant"], json.dumps(r.get("attention"), sort_keys=True))]
+        groups.setdefault((name, r["step"]), []).append(r)
     lines = []
-    for (variant, step), rs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+    for (variant, step), rs in sorted(groups.items(), key=lambda kv: kv[0]):
         for i in range(len(rs[0]["layers"])):
             layer = [r["layers"][i] for r in rs]
             cells = []
