@@ -139,11 +139,11 @@ def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeCo
     return is_anchor, placed, gate
 
 
-def _handshake(module: AnchorAttention, s_BxHxD, pos_Bx1, cache: AbcaCache, summary: int, scale: float):
+def _handshake(module: AnchorAttention, ap: AnchorProjections, s_BxHxD, pos_Bx1, cache: AbcaCache, summary: int,
+               scale: float):  # fmt: skip
     """The new anchor's handshake steps for one summary: (final state [B, H, D], its per-step handshake keys and
     values [B, S, H, D], which the next anchor (chain) or the later head ranks (global) read)."""
     cfg = module.config
-    ap = _anchor_projections(module)
     m = _head_size(module)
     rank = cache.rank[:, None]
     in_head = rank < m  # global ranks below max_anchors attend every earlier anchor; the rest keep the chain
@@ -220,16 +220,16 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
     allowed = jnp.concatenate([closing, jnp.ones((b, 1), bool)], axis=1)
     ap = _anchor_projections(module)
     g = gate[:, None, None].astype(q.dtype)
-    states, hs_k, hs_v, k_a, v_a = [], [], [], [], []
+    hs_k, hs_v, k_a, v_a = [], [], [], []
     for p, q_p in enumerate(_summary_queries(module, q)):
         s_p = _attend(q_p, keys, vals, allowed, scale).astype(q.dtype)
-        s_p, ks_p, vs_p = _handshake(module, s_p, pos_Bx1, cache, p, scale)
-        states.append(s_p)
+        s_p, ks_p, vs_p = _handshake(module, ap, s_p, pos_Bx1, cache, p, scale)
+        if p == 0:
+            s = s_p  # summary 0 is the seed's anchor state: the anchor's output
         hs_k.append(ks_p)
         hs_v.append(vs_p)
         k_a.append(ap.key(s_p[:, None], pos_Bx1, proj.num_kv_heads)[:, 0])
         v_a.append(ap.value(s_p[:, None], pos_Bx1, proj.num_kv_heads)[:, 0] * g)
-    s = states[0]  # summary 0 is the seed's anchor state: the anchor's output
     k_a, v_a, hs_k, hs_v = (jnp.stack(x, 1) for x in (k_a, v_a, hs_k, hs_v))  # [B, P, ...]
 
     # Stage 3 (interval rows): [left, t], the anchor's row read as its post-handshake key/value, and its extra

@@ -165,10 +165,11 @@ def layer_flow(maps: AbcaMaps) -> jax.Array:
     """float32[B, H, N, N]: how much of key e's value reaches query t in this layer, over every ABCA route (rows of
     live tokens sum to 1)."""
     col_anchor = maps.zones.is_anchor[:, None, None, :]
+    carried = [_carried(maps, p) for p in range(1 + len(maps.summaries))]
     flow = jnp.where(col_anchor, 0.0, maps.zone)
-    for p, (_, _, read) in enumerate(_routes(maps)):
-        flow = flow + jnp.einsum("bhij,bhjk->bhik", read, _carried(maps, p), precision=HIGHEST)
-    return jnp.where(maps.zones.is_anchor[:, None, :, None], _carried(maps, 0), flow)  # anchors output summary 0
+    for (_, _, read), carried_p in zip(_routes(maps), carried, strict=True):
+        flow = flow + jnp.einsum("bhij,bhjk->bhik", read, carried_p, precision=HIGHEST)
+    return jnp.where(maps.zones.is_anchor[:, None, :, None], carried[0], flow)  # anchors output summary 0
 
 
 def _pairs(x_BxHxNxN, q_pos_BxP, k_pos_BxP):

@@ -38,7 +38,7 @@ class AnchorAttentionConfig:
         anchor's zone key/value for a group re-projects its heads' states.
       summaries_per_anchor: P, pooled writes (issue 37, docs/abca.md "Pooled writes"): 1 = the seed's one state per
         anchor; P > 1 adds P - 1 summaries, each gathering with its own query map and read by zone queries as one
-        more key per anchor. Not decodable incrementally yet (the decoder refuses P > 1).
+        more key per anchor. The incremental decoder and the diagnostics run every P.
     """
 
     mechanism: ClassVar[str] = "abca"
