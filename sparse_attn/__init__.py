@@ -8,6 +8,7 @@ from sparse_attn.attention import (
     default_implementation,
     prepare,
     register_executor,
+    resolve_implementation,
 )
 from sparse_attn.patterns import BlockLayout, Intervals, NeighbourList
 
@@ -22,5 +23,9 @@ __all__ = [
     "patterns",
     "prepare",
     "register_executor",
+    "resolve_implementation",
 ]
 __version__ = "0.1.0"
+
+# The built-in mechanisms register last: their records read every layer of the package.
+from sparse_attn import mechanisms  # noqa: E402,F401

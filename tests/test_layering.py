@@ -1,4 +1,4 @@
-"""Imports point one way: patterns -> executors -> kernels -> attention -> modules -> models -> train | decode ->
+"""Imports point one way: patterns -> kernels -> executors -> attention -> modules -> models -> train | decode ->
 studies; no import of the package's own modules hidden inside a function or a conditional (a lazy import is how a
 cycle hides). Import circles, counting every import: tests/test_layering_experiments.py."""
 
@@ -7,19 +7,21 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).parent.parent / "sparse_attn"
 RANK = {
+    "registry": 0,  # the mechanism registry: imports nothing of the package, read by every layer
     "patterns": 0,
     "data": 0,
     "rope": 0,
-    "executors": 1,
-    "kernels": 2,
+    "kernels": 1,  # the Pallas kernels: below every executor, "pallas" included (executors/pallas.py)
+    "executors": 2,
     "attention": 3,
     "viz": 3,
     "modules": 4,
     "models": 5,
     "train": 6,
     "decode": 6,  # beside train: above modules and models, below experiments
-    "diagnostics": 6,  # probes of trained models (issue 37), beside train and decode
-    "studies": 7,  # what the experiments share: above everything else in the library
+    "diagnostics": 6,  # probes of trained models, beside train and decode
+    "studies": 7,  # what the experiments share
+    "mechanisms": 8,  # the built-in mechanism records: they name modules, decoders, probes and budget counts
 }
 
 
@@ -89,4 +91,20 @@ def test_train_and_decode_stay_apart():
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
                 bad += [f"{path.relative_to(ROOT.parent)} imports {n}" for n in names
                         if n.startswith(f"sparse_attn.{other}")]
+    assert not bad, "\n".join(bad)
+
+
+def test_kernels_import_no_executor():
+    """The kernels sit below the executors: the executor that runs them for a pattern (custom VJP, padding, global
+    rows, registration as "pallas" or "bucketed_pallas") lives in executors/, and no kernel module imports one."""
+    bad = []
+    for path in (ROOT / "kernels").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            bad += [f"{path.relative_to(ROOT.parent)} imports {n}" for n in names
+                    if n == "sparse_attn.executors" or n.startswith("sparse_attn.executors.")]
     assert not bad, "\n".join(bad)

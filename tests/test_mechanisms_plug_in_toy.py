@@ -1,9 +1,9 @@
-"""A fourth mechanism defined entirely here, touching no library or experiment file: its own pattern type and
-executor, run through `sparse_attn.attention`, a module config in `TransformerLM`, the benchmark harness, and the LM
-runner, which trains it by the name it registers (`sparse_attn.studies.mechanisms.register_mechanism`).
+"""A mechanism defined entirely here, touching no library or experiment file (docs/architecture.md, "Adding a
+mechanism"): its own pattern type and executor (`register_executor`), and one record (`register_mechanism`) naming
+its config and module, a preset, an incremental decoder and a benchmark core. Through that record the LM runner
+trains it by name, `LMDecoder` decodes it exactly, and the attention benchmark times it.
 
-The toy: causal strided attention, query i attends keys j <= i with (i - j) % stride == 0 (docs/architecture.md,
-"Adding a mechanism").
+The toy: causal strided attention, query i attends keys j <= i with (i - j) % stride == 0.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ import sparse_attn
 from experiments.benchmarks import attention as bench_attention
 from experiments.lm import configs as lm_configs
 from experiments.lm import train as lm_train
+from sparse_attn import registry
 from sparse_attn.data import TextSource
+from sparse_attn.decode import DecodeContext, LMDecoder
+from sparse_attn.decode.attend import attend, project, write_slot
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext, AttentionOutput, DenseAttention, Projections
-from sparse_attn.studies import mechanisms
+from sparse_attn.studies.bench import with_pattern
 from sparse_attn.train import TrainConfig
 from tests.lm_steps import two_train_steps
 
@@ -89,7 +92,7 @@ class StridedAttentionConfig:
     implementation: str | None = None
 
     def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> StridedAttention:
-        return StridedAttention(self, model_dim, num_heads, rngs=rngs)
+        return registry.for_config(self).module(self, model_dim, num_heads, rngs=rngs)
 
 
 class StridedAttention(nnx.Module):
@@ -102,6 +105,41 @@ class StridedAttention(nnx.Module):
         pattern = Strided(jnp.asarray(ctx.valid_len, jnp.int32), x_BxNxD.shape[1], self.config.stride)
         o = sparse_attn.attention(q, k, v, pattern, implementation=self.config.implementation)
         return AttentionOutput(y=self.proj.out(o), stats={"strided/stride": jnp.float32(self.config.stride)})
+
+
+# -- decoder: the full KV cache; a step reads the cached keys on its stride ------------------------------------------
+def init_cache(module: StridedAttention, batch: int, max_len: int, dtype=jnp.float32) -> dict:
+    kv = (batch, max_len, module.proj.num_kv_heads, module.proj.head_dim)
+    return {"k": jnp.zeros(kv, dtype), "v": jnp.zeros(kv, dtype)}
+
+
+def step(module: StridedAttention, x_Bx1xD, cache: dict, ctx: DecodeContext):
+    q, k, v = project(module.proj, x_Bx1xD, ctx.pos)
+    cache = {"k": write_slot(cache["k"], ctx.pos, k), "v": write_slot(cache["v"], ctx.pos, v)}
+    j = jnp.arange(cache["k"].shape[1])
+    ok = (j <= ctx.pos) & ((ctx.pos - j) % module.config.stride == 0)
+    o = attend(q, cache["k"], cache["v"], ok[None, None])
+    return module.proj.wo(o.reshape(o.shape[0], 1, -1)), cache
+
+
+# -- the record: everything else reads the toy from here --------------------------------------------------------------
+TOY = registry.Mechanism(
+    name="toy_strided",
+    configs=(StridedAttentionConfig,),
+    module=StridedAttention,
+    presets={"toy_strided": registry.Preset(config=lambda ctx: StridedAttentionConfig(stride=max(ctx.window // 2, 1)),
+                                            encoder=False)},
+    decoder=registry.Decoder(init_cache, step),
+    bench={"toy_strided": with_pattern(lambda spec: Strided(jnp.asarray([spec.n], jnp.int32), spec.n, 8))},
+)
+
+
+@pytest.fixture
+def toy_registered():
+    """The toy's record for as long as the test runs (xdist workers share no registry)."""
+    registry.register_mechanism(TOY)
+    yield "toy_strided"
+    registry.unregister_mechanism("toy_strided")
 
 
 # -- tests ------------------------------------------------------------------------------------------------------
@@ -123,11 +161,11 @@ def test_toy_executor_matches_its_reference_through_attention():
     ((_, o1), g1), ((_, o2), g2) = run(None), run("reference")
     assert sparse_attn.default_implementation("cpu", Strided) == "strided"
     np.testing.assert_allclose(o1, o2, atol=1e-5, rtol=1e-5)
-    for a, c in zip(g1, g2):
+    for a, c in zip(g1, g2, strict=True):
         np.testing.assert_allclose(a, c, atol=1e-5, rtol=1e-5)
 
 
-def test_toy_module_trains_in_the_language_model():
+def test_toy_module_trains_in_the_language_model(toy_registered):
     cfg = TransformerConfig(
         vocab_size=32, model_dim=32, num_heads=4, num_layers=2, mlp_dim=64,
         attention=(StridedAttentionConfig(stride=2), DenseAttention()),
@@ -139,23 +177,22 @@ def test_toy_module_trains_in_the_language_model():
     assert float(stats["layer0/strided/stride"]) == 2.0
 
 
-def test_toy_pattern_runs_in_the_benchmark_harness(monkeypatch):
-    make = bench_attention._with_pattern(lambda spec: Strided(jnp.asarray([spec.n], jnp.int32), spec.n, 8))
-    monkeypatch.setitem(bench_attention.METHODS, "strided", make)
-    args = argparse.Namespace(n=[64], methods=["strided"], impls=["strided"], batch=1, heads=2, head_dim=8,
+def test_the_benchmark_harness_times_the_toy_core(toy_registered):
+    args = argparse.Namespace(n=[64], mechanisms=["toy_strided"], impls=["strided"], batch=1, heads=2, head_dim=8,
                               radius=8, dtype="float32", repeats=1)  # fmt: skip
     rows = bench_attention.run(args)
-    assert [(r.method, r.impl) for r in rows] == [("dense", "jax.nn"), ("strided", "strided")]
+    assert [(r.mechanism, r.impl) for r in rows] == [("dense", "jax.nn"), ("toy_strided", "strided")]
     assert rows[1].flops == 4.0 * 2 * sum(i // 8 + 1 for i in range(64)) * 8  # pattern_stats on the toy pattern
 
 
-@pytest.fixture
-def toy_registered():
-    """The toy under a registry name for as long as the test runs (xdist workers share no registry)."""
-    mechanisms.register_mechanism("toy_strided", lambda ctx: StridedAttentionConfig(stride=max(ctx.window // 2, 1)),
-                                  encoder=False)
-    yield "toy_strided"
-    mechanisms.unregister_mechanism("toy_strided")
+def test_the_decoder_of_the_record_decodes_the_toy_exactly(toy_registered):
+    cfg = TransformerConfig(vocab_size=32, model_dim=32, num_heads=4, num_layers=2, mlp_dim=64,
+                            attention=(StridedAttentionConfig(stride=3), DenseAttention()))
+    model = TransformerLM(cfg, rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, 32)
+    full = model(tokens).logits
+    logits, _ = LMDecoder(model, batch=2, max_len=12).prefill(tokens)
+    np.testing.assert_allclose(logits, full, atol=2e-5, rtol=2e-5)
 
 
 def test_the_lm_runner_trains_the_toy_by_name(toy_registered, tmp_path, monkeypatch):
@@ -170,8 +207,8 @@ def test_the_lm_runner_trains_the_toy_by_name(toy_registered, tmp_path, monkeypa
                           eval_batches=1, progress=False),
     )
     monkeypatch.setitem(lm_configs.CONFIGS, "micro", lambda: micro)
-    assert toy_registered in mechanisms.mechanism_names(causal=True)
-    summary = lm_train.main(["--config", "micro", "--workdir", str(tmp_path / "run"), "--attention",
+    assert toy_registered in registry.preset_names(causal=True)
+    summary = lm_train.main(["--config", "micro", "--workdir", str(tmp_path / "run"), "--mechanism",
                              f"{toy_registered},dense"])
     assert summary["step"] == 2 and np.isfinite(summary["eval"]["bits_per_byte"])
     assert summary["train"]["layer0/strided/stride"] == 2.0  # window 16 // 4 = 4 each side -> stride 2

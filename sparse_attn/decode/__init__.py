@@ -1,14 +1,13 @@
 """Incremental decoding: per-mechanism KV caches and the model driver (docs/generation.md).
 
-Importing the package registers the decoders of the baselines (dense, local, Longformer, BigBird), of label
-attention, of ABCA (`abca.py`) and of the block-selection baselines (`moba.py`, `nsa.py`); `LMDecoder` runs a
-`TransformerLM` one token at a time.
+One file per mechanism's decoder (`baselines.py` for the fixed patterns, `abca.py`, `labels.py`, `moba.py`,
+`nsa.py`), each named by its mechanism's record (`sparse_attn/mechanisms/`); `LMDecoder` runs a `TransformerLM` one
+token at a time.
 """
 
-from sparse_attn.decode import abca, baselines, labels, moba, nsa  # noqa: F401 — register their decoders
 from sparse_attn.decode.attend import cache_bytes
 from sparse_attn.decode.model import LMDecoder, decode_token, init_caches, phase_warnings
-from sparse_attn.decode.registry import DecodeContext, decoder_for, register_decoder, registered_types
+from sparse_attn.decode.registry import DecodeContext, decoder_for
 from sparse_attn.decode.sampling import sample
 
 __all__ = [
@@ -19,7 +18,5 @@ __all__ = [
     "decoder_for",
     "init_caches",
     "phase_warnings",
-    "register_decoder",
-    "registered_types",
     "sample",
 ]

@@ -2,7 +2,8 @@
 
 The causal ABCA layer is a recurrence over positions, so one token at a time reproduces the full forward pass:
 
-* placement at t: explicit (`token == anchor_id`), fixed (`t % interval == 0`) or learned (`score(x_t) > 0`); t = 0
+* placement at t: explicit (`token == placement.anchor_id`), fixed (`t % placement.interval == 0`) or learned
+  (`score(x_t) > 0`); t = 0
   is forced, and the zone cap inserts a fallback where `(t - last placed anchor) % max_zone == 0`;
 * interval token t: attends its zone `[left(t), t]`, reading the left anchor's post-handshake key/value (and, with
   P = `summaries_per_anchor` > 1 pooled writes, its P - 1 extra summaries' keys/values in the same softmax);
@@ -26,9 +27,10 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.decode.attend import cache_bytes, project
-from sparse_attn.decode.registry import DecodeContext, register_decoder
+from sparse_attn.decode.registry import DecodeContext
 from sparse_attn.executors.abca.anchors import AnchorProjections
 from sparse_attn.executors.softmax import masked_softmax
+from sparse_attn.modules.abca.config import ExplicitAnchors, FixedAnchors
 from sparse_attn.modules.abca.module import AnchorAttention
 from sparse_attn.patterns import abca, common
 
@@ -72,10 +74,10 @@ def _head_size(module: AnchorAttention) -> int:
 def _check_module(module) -> None:
     if not isinstance(module, AnchorAttention):
         raise TypeError(f"the ABCA decoder needs an AnchorAttention, got {type(module).__name__}")
-    cfg = module.config
-    if cfg.placement == "explicit" and cfg.anchor_id is None:
+    place = module.config.placement
+    if isinstance(place, ExplicitAnchors) and place.anchor_id is None:
         raise ValueError(
-            "ABCA decoding with explicit placement reads anchors from token ids: config.anchor_id is needed "
+            "ABCA decoding with explicit placement reads anchors from token ids: ExplicitAnchors.anchor_id is needed "
             "(an anchor_mask passed to the full forward pass has no decoding counterpart)"
         )
 
@@ -88,8 +90,13 @@ def init_cache(module: AnchorAttention, batch: int, max_len: int, dtype=jnp.floa
     cfg, proj = module.config, module.proj
     h, g, d = proj.num_heads, proj.num_kv_heads, proj.head_dim
     p, s, m, z = cfg.summaries_per_anchor, cfg.handshake_steps, _head_size(module), cfg.max_zone
-    zeros = lambda *shape: jnp.zeros(shape, dtype)
-    ints = lambda value: jnp.full((batch,), value, jnp.int32)
+
+    def zeros(*shape):
+        return jnp.zeros(shape, dtype)
+
+    def ints(value):
+        return jnp.full((batch,), value, jnp.int32)
+
     return AbcaCache(
         zone_k=zeros(batch, z, g, d),
         zone_v=zeros(batch, z, g, d),
@@ -118,14 +125,14 @@ def _attend(q_BxHxD, k_BxKxGxD, v_BxKxGxD, allowed_BxK, scale: float):
 
 def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeContext):
     """(is_anchor bool[B], placed bool[B], gate float32[B]): the full pass's placement and zone cap, online."""
-    cfg = module.config
+    cfg, place = module.config, module.config.placement
     b = x_Bx1xD.shape[0]
     t = ctx.pos
     score = None
-    if cfg.placement == "explicit":
-        raw = ctx.token == cfg.anchor_id
-    elif cfg.placement == "fixed":
-        raw = jnp.broadcast_to(t % cfg.interval == 0, (b,))
+    if isinstance(place, ExplicitAnchors):
+        raw = ctx.token == place.anchor_id
+    elif isinstance(place, FixedAnchors):
+        raw = jnp.broadcast_to(t % place.interval == 0, (b,))
     else:
         score = module.score(x_Bx1xD)[:, 0, 0].astype(jnp.float32)
         raw = score > 0
@@ -134,7 +141,7 @@ def _placement(module: AnchorAttention, x_Bx1xD, cache: AbcaCache, ctx: DecodeCo
     fallback = ~placed & ((t - cache.last_placed) % cfg.max_zone == 0)
     is_anchor = placed | fallback
     gate = jnp.ones((b,), jnp.float32)
-    if score is not None and cfg.straight_through:
+    if score is not None and place.straight_through:
         gate = abca.straight_through_gate(score[:, None], is_anchor[:, None])[:, 0]
     return is_anchor, placed, gate
 
@@ -188,7 +195,7 @@ def _check_step(module, x_Bx1xD, cache: AbcaCache, ctx: DecodeContext) -> None:
         raise ValueError(f"cache holds batch {cache.left.shape[0]}, x has batch {b}")
     if jnp.shape(ctx.pos) != ():
         raise ValueError(f"ctx.pos must be a scalar (one position for every row), got shape {jnp.shape(ctx.pos)}")
-    if module.config.placement == "explicit" and jnp.shape(ctx.token) != (b,):
+    if isinstance(module.config.placement, ExplicitAnchors) and jnp.shape(ctx.token) != (b,):
         raise ValueError(f"ctx.token must be int32[{b}], got shape {jnp.shape(ctx.token)}")
     if common.is_concrete(ctx.pos) and int(ctx.pos) < 0:
         raise ValueError(f"ctx.pos must be >= 0, got {int(ctx.pos)}")
@@ -225,7 +232,7 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
         s_p = _attend(q_p, keys, vals, allowed, scale).astype(q.dtype)
         s_p, ks_p, vs_p = _handshake(module, ap, s_p, pos_Bx1, cache, p, scale)
         if p == 0:
-            s = s_p  # summary 0 is the seed's anchor state: the anchor's output
+            s = s_p  # summary 0 is the anchor's own state: the anchor's output
         hs_k.append(ks_p)
         hs_v.append(vs_p)
         k_a.append(ap.key(s_p[:, None], pos_Bx1, proj.num_kv_heads)[:, 0])
@@ -249,7 +256,10 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
     y = proj.out(o[:, None]).astype(x_Bx1xD.dtype)
 
     a = is_anchor
-    sel = lambda new, old: jnp.where(a.reshape((b,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
+
+    def sel(new, old):
+        return jnp.where(a.reshape((b,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
+
     m = _head_size(module)
     head_row = jnp.where(a & (cache.rank < m), cache.rank, m)  # index m: dropped (no write)
     head_k = cache.head_k.at[bi, :, :, head_row].set(hs_k.astype(cache.head_k.dtype), mode="drop")
@@ -268,6 +278,3 @@ def step(module: AnchorAttention, x_Bx1xD: jax.Array, cache: AbcaCache, ctx: Dec
         head_v=head_v,
     )
     return y, new
-
-
-register_decoder(AnchorAttention, init_cache=init_cache, step=step)

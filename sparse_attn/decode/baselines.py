@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.decode.attend import attend, project, write_slot
-from sparse_attn.decode.registry import DecodeContext, register_decoder
+from sparse_attn.decode.registry import DecodeContext
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.modules.pattern_attention import (
     BigBirdAttention,
@@ -93,6 +93,3 @@ def step(module: PatternAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeC
         keys, vals = cache["k"], cache["v"]
     o = attend(q, keys, vals, ok[None, None])
     return module.proj.wo(o.reshape(o.shape[0], 1, -1)), cache
-
-
-register_decoder(PatternAttention, init_cache=init_cache, step=step)

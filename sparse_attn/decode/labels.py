@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.decode.attend import attend, project, write_slot
-from sparse_attn.decode.registry import DecodeContext, register_decoder
+from sparse_attn.decode.registry import DecodeContext
 from sparse_attn.modules.labels import LabelAttention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import position
@@ -95,6 +95,3 @@ def step(module: LabelAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeCon
         ok = jnp.concatenate([ok, ok_lm], axis=-1)
     o = attend(q, keys, vals, ok)  # ok [B, P, S']: P = 1 shared by heads, or one per head
     return module.proj.wo(o.reshape(o.shape[0], 1, -1)), cache
-
-
-register_decoder(LabelAttention, init_cache=init_cache, step=step)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.decode.attend import attend, project, write_slot
-from sparse_attn.decode.registry import DecodeContext, register_decoder
+from sparse_attn.decode.registry import DecodeContext
 from sparse_attn.modules.moba import MobaAttention
 from sparse_attn.patterns.block_select import num_blocks, select_group
 
@@ -69,6 +69,3 @@ def step(module: MobaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeCont
     ok = selected_slots(cache["sel"], pos, cache["k"].shape[1], bs)
     o = attend(q, cache["k"], cache["v"], ok)
     return module.proj.wo(o.reshape(b, 1, -1)), cache
-
-
-register_decoder(MobaAttention, init_cache=init_cache, step=step)

@@ -2,8 +2,8 @@
 
 `LMDecoder(model, batch=, max_len=)` jits two functions over static cache shapes: `prefill(tokens_BxP)` (a
 `lax.scan` of the one-token step from position 0, so it is exact: the same arithmetic as decoding) and
-`step(caches, token_B, pos)`. Every layer's attention is decoded by the decoder registered for its module type
-(`sparse_attn/decode/registry.py`); blocks are embed -> norm1 -> attention -> residual -> MLP, as in
+`step(caches, token_B, pos)`. Every layer's attention is decoded by its mechanism's decoder
+(`sparse_attn.registry.Mechanism.decoder`); blocks are embed -> norm1 -> attention -> residual -> MLP, as in
 `models/transformer.py`. `step` is the checkpoint's train step: schedules read it (docs/generation.md).
 """
 
@@ -16,8 +16,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.decode import abca as _abca  # noqa: F401 — registers ABCA's decoder
-from sparse_attn.decode import baselines as _baselines  # noqa: F401 — registers the baseline decoders
 from sparse_attn.decode import labels as labels_decode
 from sparse_attn.decode.attend import cache_bytes
 from sparse_attn.decode.registry import DecodeContext, decoder_for

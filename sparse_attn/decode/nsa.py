@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from sparse_attn.decode.attend import attend, project, write_slot
 from sparse_attn.decode.moba import selected_slots
-from sparse_attn.decode.registry import DecodeContext, register_decoder
+from sparse_attn.decode.registry import DecodeContext
 from sparse_attn.modules.nsa import NsaAttention
 from sparse_attn.patterns.block_select import num_blocks, select_group
 from sparse_attn.patterns.compressed import num_compressed, overlap_weights
@@ -26,12 +26,12 @@ from sparse_attn.rope import apply_rope
 def init_cache(module: NsaAttention, batch: int, max_len: int, dtype=jnp.float32) -> dict:
     cfg, proj = module.config, module.proj
     g, h, d = proj.num_kv_heads, proj.num_heads, proj.head_dim
-    l, qb = cfg.compress_block, cfg.selection.query_block
-    m, w = max(num_compressed(max_len, l, cfg.compress_stride), 1), min(cfg.window + 1, max_len)
+    cb, qb = cfg.compress_block, cfg.selection.query_block
+    m, w = max(num_compressed(max_len, cb, cfg.compress_stride), 1), min(cfg.window + 1, max_len)
     kv = lambda s: jnp.zeros((batch, s, g, d), dtype)  # noqa: E731
     return {
         "k": kv(max_len), "v": kv(max_len), "sel": jnp.zeros((batch, h, num_blocks(max_len, cfg.select_block)), bool),
-        "raw_k": kv(l), "raw_v": kv(l), "ck": kv(m), "cv": kv(m),
+        "raw_k": kv(cb), "raw_v": kv(cb), "ck": kv(m), "cv": kv(m),
         "p": jnp.zeros((batch, qb, g, m), jnp.float32), "ppos": jnp.full((qb,), -1, jnp.int32),
         "wk": kv(w), "wv": kv(w), "wpos": jnp.full((w,), -1, jnp.int32),
     }
@@ -44,11 +44,11 @@ def _row(linear, x_Bx1xD, g: int, d: int):
 def _compress(module: NsaAttention, cache: dict, pos):
     """The compressed store with token c = (pos + 1 - block) / stride written when a block ends at pos."""
     cfg = module.config
-    l, stride = cfg.compress_block, cfg.compress_stride
-    c = (pos + 1 - l) // stride
-    ends = (pos + 1 >= l) & ((pos + 1 - l) % stride == 0) & (c < cache["ck"].shape[1])
-    order = (pos - l + 1 + jnp.arange(l, dtype=jnp.int32)) % l  # ring slots in position order
-    full = jnp.full((cache["raw_k"].shape[0],), l, jnp.int32)
+    cb, stride = cfg.compress_block, cfg.compress_stride
+    c = (pos + 1 - cb) // stride
+    ends = (pos + 1 >= cb) & ((pos + 1 - cb) % stride == 0) & (c < cache["ck"].shape[1])
+    order = (pos - cb + 1 + jnp.arange(cb, dtype=jnp.int32)) % cb  # ring slots in position order
+    full = jnp.full((cache["raw_k"].shape[0],), cb, jnp.int32)
     kc = module.phi_k(cache["raw_k"][:, order], stride, full)  # [B, 1, G, D]
     vc = module.phi_v(cache["raw_v"][:, order], stride, full)
     if cfg.rope_base is not None:
@@ -62,7 +62,7 @@ def _compress(module: NsaAttention, cache: dict, pos):
 def step(module: NsaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeContext):
     cfg, proj = module.config, module.proj
     bs, qb = cfg.select_block, cfg.selection.query_block
-    l, stride = cfg.compress_block, cfg.compress_stride
+    cb, stride = cfg.compress_block, cfg.compress_stride
     pos = jnp.asarray(ctx.pos, jnp.int32)
     q, k, v = project(proj, x_Bx1xD, pos)
     b, h, d = q.shape
@@ -70,11 +70,11 @@ def step(module: NsaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeConte
     cache = dict(cache, k=write_slot(cache["k"], pos, k), v=write_slot(cache["v"], pos, v))
 
     # compressed branch: the query reads the tokens whose blocks have ended by pos
-    cache["raw_k"] = write_slot(cache["raw_k"], pos % l, _row(module.wk_cmp, x_Bx1xD, g, d))
-    cache["raw_v"] = write_slot(cache["raw_v"], pos % l, _row(module.wv_cmp, x_Bx1xD, g, d))
+    cache["raw_k"] = write_slot(cache["raw_k"], pos % cb, _row(module.wk_cmp, x_Bx1xD, g, d))
+    cache["raw_v"] = write_slot(cache["raw_v"], pos % cb, _row(module.wv_cmp, x_Bx1xD, g, d))
     cache["ck"], cache["cv"] = _compress(module, cache, pos)
     m = cache["ck"].shape[1]
-    count = jnp.maximum((pos + 1 - l) // stride + 1, 0)
+    count = jnp.maximum((pos + 1 - cb) // stride + 1, 0)
     ok_c = jnp.arange(m) < count
     s = jnp.einsum("bgrd,bmgd->bgrm", q.astype(jnp.float32).reshape(b, g, h // g, d),
                    cache["ck"].astype(jnp.float32)) / jnp.sqrt(jnp.float32(d))  # fmt: skip
@@ -92,7 +92,7 @@ def step(module: NsaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeConte
         in_window = (ppos >= 0) & (ppos <= pos) & (ppos > pos - qb)
         pw = jnp.sum(jnp.where(in_window[None, :, None, None], cache["p"], 0.0), axis=1)  # [B, G, M]
         n = cache["k"].shape[1]
-        w_MxKb = overlap_weights(n, l, stride, bs)
+        w_MxKb = overlap_weights(n, cb, stride, bs)
         w_MxKb = jnp.zeros((m, w_MxKb.shape[1]), jnp.float32).at[: w_MxKb.shape[0]].set(w_MxKb)
         scores = jnp.einsum("bgm,mk->bgk", pw, w_MxKb, precision=jax.lax.Precision.HIGHEST)
         sel = select_group(scores, pos, cfg.top_n, bs, sink_blocks=cfg.sink_blocks, recent_blocks=cfg.recent_blocks)
@@ -114,6 +114,3 @@ def step(module: NsaAttention, x_Bx1xD: jax.Array, cache: dict, ctx: DecodeConte
     gates = jax.nn.sigmoid(module.gate(x_Bx1xD).astype(jnp.float32)).reshape(b, 3, h, 1)
     o = sum(gates[:, i] * o_ for i, o_ in enumerate((o_cmp, o_slc, o_win)))
     return proj.wo(o.astype(q.dtype).reshape(b, 1, -1)), cache
-
-
-register_decoder(NsaAttention, init_cache=init_cache, step=step)

@@ -1,6 +1,5 @@
-"""Per-mechanism incremental decoders: one registry keyed by attention module type (docs/generation.md).
-
-A decoder is a pair of functions registered for an attention module class:
+"""What a decoding layer is given, and where its decoder comes from: the `decoder` of its mechanism's record
+(`sparse_attn.registry.Decoder`; docs/generation.md). A decoder is a pair of functions:
 
 * `init_cache(module, batch, max_len, dtype) -> cache`: a pytree of arrays with static shapes (no Python scalars that
   change while decoding), sized for a prompt plus generation of at most `max_len` tokens;
@@ -14,9 +13,10 @@ The model driver (`sparse_attn/decode/model.py`) calls `decoder_for(module)` for
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import jax
+
+from sparse_attn import registry
 
 
 @jax.tree_util.register_dataclass
@@ -35,30 +35,13 @@ class DecodeContext:
     step: jax.Array
 
 
-InitCache = Callable[..., object]
-Step = Callable[..., tuple[jax.Array, object]]
-
-_DECODERS: dict[type, tuple[InitCache, Step]] = {}
-
-
-def register_decoder(module_type: type, *, init_cache: InitCache, step: Step) -> None:
-    """Registers the decoder of an attention module class (replacing an earlier registration of the same class)."""
-    if not isinstance(module_type, type):
-        raise TypeError(f"register_decoder needs a module class, got {module_type!r}")
-    _DECODERS[module_type] = (init_cache, step)
-
-
-def registered_types() -> tuple[type, ...]:
-    return tuple(_DECODERS)
-
-
-def decoder_for(module) -> tuple[InitCache, Step]:
-    """(init_cache, step) for `module`'s class (or its nearest registered base class)."""
-    for cls in type(module).__mro__:
-        if cls in _DECODERS:
-            return _DECODERS[cls]
-    names = ", ".join(sorted(t.__name__ for t in _DECODERS)) or "none"
+def decoder_for(module) -> registry.Decoder:
+    """(init_cache, step) of `module`'s mechanism (its class or nearest registered base class)."""
+    record = registry.for_module(module)
+    if record is not None and record.decoder is not None:
+        return record.decoder
+    names = ", ".join(m.name for m in registry.mechanisms() if m.decoder is not None) or "none"
     raise NotImplementedError(
-        f"no incremental decoder is registered for {type(module).__name__}; registered: {names} "
-        "(sparse_attn.decode.register_decoder adds one)"
+        f"no incremental decoder is registered for {type(module).__name__}; mechanisms with one: {names} "
+        "(a mechanism's record names its decoder: sparse_attn.registry.Mechanism.decoder)"
     )

@@ -1,4 +1,4 @@
-"""ABCA's information path (issue 37, part 1d): does the key a query needs reach it through
+"""ABCA's information path: does the key a query needs reach it through
 zone -> anchor -> handshake -> anchor -> zone, and how much weight does each hop give it?
 
     maps = abca_maps(module, x_BxNxD, ctx)            # one layer's three stages as dense weights
@@ -60,7 +60,7 @@ class AbcaMaps(NamedTuple):
     handshake: tuple[jax.Array, ...]  # stage 2, one per step: anchor rows over their handshake anchors
     zone: jax.Array  # stage 3: every row over [left(t), t] (causal) or [left(t), right(t)]; anchors: summary 0
     out: jax.Array  # [B, N, H, D]: the core's output rebuilt from these weights
-    summaries: tuple[SummaryMaps, ...] = ()  # summaries 1 .. P - 1 (pooled writes); () for the seed's layer
+    summaries: tuple[SummaryMaps, ...] = ()  # summaries 1 .. P - 1 (pooled writes); () for one summary per anchor
 
 
 def _heads(x_BxNxGxD, h: int):

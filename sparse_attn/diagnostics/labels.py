@@ -1,4 +1,4 @@
-"""Label attention's router, seen from the task (issue 37, part 1c): does it learn from the task, does it use its
+"""Label attention's router, seen from the task: does it learn from the task, does it use its
 labels, and what does its filter keep?
 
     label_usage(labels_BxPxNxK, num_labels, valid_len_B)      # share per label, entropy, bucket balance

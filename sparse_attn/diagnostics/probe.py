@@ -14,10 +14,11 @@ query, and each hop's weight (`direct`, `to_anchor`, `gather`, `handshake`, with
 is the whole model's flow from the key to the query (every layer's heads averaged, rollout as in `diagnostics.abca`):
 for tasks whose answer needs two hops across layers, where no single layer admits the pair.
 
-A probe is registered per attention module class, `(module, x_BxNxD, ctx) -> (q, k, pattern, implementation)`:
-the layer's queries and keys from its normed input and the single-softmax pattern it attends. Registered here:
-the fixed patterns (`PatternAttention`), MoBA (its selection's layout) and label attention (its *hard* pattern,
-the router's top-k labels: what it attends at inference, and from the straight-through phase on in training).
+A probe, `(module, x_BxNxD, ctx) -> (q, k, pattern, implementation)`, gives a layer's queries and keys from its
+normed input and the single-softmax pattern it attends; each mechanism's record names its probe
+(`sparse_attn.registry.Mechanism.probe`). Defined here: the fixed patterns' (`pattern_probe`), MoBA's (its
+selection's layout) and label attention's (its *hard* pattern, the router's top-k labels: what it attends at
+inference, and from the straight-through phase on in training).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from sparse_attn import registry
 from sparse_attn.diagnostics.abca import abca_hops, abca_maps, layer_flow, softmax_weights
 from sparse_attn.diagnostics.retrieval import check_positions, pair_attention_mass, pattern_recall
 from sparse_attn.models.transformer import TransformerLM
@@ -41,19 +43,10 @@ from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
 
-Probe = Callable[..., tuple]
-_PROBES: dict[type, Probe] = {}
-
-
-def register_probe(module_type: type, probe: Probe) -> None:
-    _PROBES[module_type] = probe
-
-
-def probe_for(module) -> Probe | None:
-    for cls in type(module).__mro__:
-        if cls in _PROBES:
-            return _PROBES[cls]
-    return None
+def probe_for(module) -> Callable[..., tuple] | None:
+    """The probe of `module`'s mechanism (None: its record has none)."""
+    record = registry.for_module(module)
+    return None if record is None else record.probe
 
 
 def layer_inputs(model: TransformerLM, tokens_BxN, *, valid_len=None, step=0) -> tuple[list, AttentionContext]:
@@ -127,12 +120,12 @@ def attention_rollout(model: TransformerLM, tokens_BxN, q_pos_BxP, k_pos_BxP, *,
     return out
 
 
-def _pattern_probe(module: PatternAttention, x, ctx):
+def pattern_probe(module: PatternAttention, x, ctx):
     q, k, _ = module.proj.qkv(x)
     return q, k, module.config.pattern(x.shape[1], ctx), module.config.implementation
 
 
-def _moba_probe(module: MobaAttention, x, ctx):
+def moba_probe(module: MobaAttention, x, ctx):
     cfg = module.config
     q, k, _ = module.proj.qkv(x)
     causal = ctx.causal or cfg.causal
@@ -141,7 +134,7 @@ def _moba_probe(module: MobaAttention, x, ctx):
     return q, k, moba_layout(sel, x.shape[1], cfg, causal=causal, valid_len=ctx.valid_len), "reference"
 
 
-def _label_probe(module: LabelAttention, x, ctx):
+def label_probe(module: LabelAttention, x, ctx):
     cfg = module.config
     live = jnp.arange(x.shape[1])[None, :, None] < ctx.valid_len[:, None, None]
     x = jnp.where(live, x, jnp.zeros((), x.dtype))  # as the module does before projecting
@@ -155,7 +148,3 @@ def _label_probe(module: LabelAttention, x, ctx):
     pattern = LabelPattern.from_labels(labels, total, base=base, valid_len=ctx.valid_len)
     return q, k, pattern, "reference"
 
-
-register_probe(PatternAttention, _pattern_probe)
-register_probe(MobaAttention, _moba_probe)
-register_probe(LabelAttention, _label_probe)

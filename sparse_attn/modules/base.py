@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sparse_attn import registry
 from sparse_attn.rope import apply_rope
 
 
@@ -69,22 +70,10 @@ class AttentionConfig(Protocol):
 COMMON_STATS = ("keys_per_query", "attn_flops_vs_dense")
 
 
-# A mechanism's config knows nothing of its module (no import circle config <-> module): its `make()` builds the
-# module class its module file registered for the config's type.
-_MODULES: dict[type, type] = {}
-
-
-def register_module(config_type: type, module_type: type) -> None:
-    """`config.make(model_dim, num_heads, rngs=...)` of a `config_type` builds `module_type(config, ...)`."""
-    _MODULES[config_type] = module_type
-
-
 def build_module(config, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):
-    module_type = _MODULES.get(type(config))
-    if module_type is None:
-        raise ValueError(f"no module registered for {type(config).__name__} (its module file calls "
-                         "register_module when the package is imported)")
-    return module_type(config, model_dim, num_heads, rngs=rngs)
+    """The module of `config`'s mechanism record (`sparse_attn.registry`): a config knows nothing of its module, so
+    config and module files import each other in one direction only."""
+    return registry.for_config(config).module(config, model_dim, num_heads, rngs=rngs)
 
 
 def keys_per_query(keys_BxHxN: jax.Array, valid_len_B: jax.Array) -> jax.Array:

@@ -12,13 +12,46 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.attention import attention
 from sparse_attn.modules.moba import MobaAttentionConfig
 from sparse_attn.modules.nsa import NsaAttentionConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+    """One cell of the attention benchmark (`experiments.benchmarks.attention`): a mechanism's benchmark core
+    (`sparse_attn.registry.Mechanism.bench`) maps it to `(fn(q, k, v), (q, k, v), pattern)`."""
+
+    n: int
+    batch: int
+    heads: int
+    head_dim: int
+    dtype: str
+    radius: int
+    impl: str
+    key: jax.Array
+
+
+def qkv(spec: BenchSpec) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Random q, k, v [B, N, H, D] of the spec's dtype."""
+    shape = (spec.batch, spec.n, spec.heads, spec.head_dim)
+    return tuple(jax.random.normal(k, shape, jnp.dtype(spec.dtype)) for k in jax.random.split(spec.key, 3))
+
+
+def with_pattern(build: Callable[[BenchSpec], object]) -> Callable[[BenchSpec], tuple]:
+    """A benchmark core that runs `sparse_attn.attention` on the pattern `build(spec)` with the spec's executor."""
+
+    def core(spec: BenchSpec):
+        pattern = build(spec)
+        fn = lambda q, k, v: attention(q, k, v, pattern, implementation=spec.impl)  # noqa: E731
+        return fn, qkv(spec), pattern
+
+    return core
 
 
 def moba_config(n: int, implementation: str | None = None) -> MobaAttentionConfig:
@@ -66,7 +99,7 @@ def fwd_bwd(fn: Callable, num_args: int) -> Callable:
 
 @dataclasses.dataclass
 class Row:
-    method: str
+    mechanism: str
     impl: str
     n: int
     fwd_s: float
@@ -79,14 +112,14 @@ class Row:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
-def measure(method: str, impl: str, n: int, fn: Callable, args: tuple, *, repeats: int = 5, flops=None, extra=None):
+def measure(mechanism: str, impl: str, n: int, fn: Callable, args: tuple, *, repeats: int = 5, flops=None, extra=None):
     """Times fn forward and forward+backward (w.r.t. all args) and reads its compiled memory (forward+backward)."""
     fwd = jax.jit(fn)
     out = jax.eval_shape(fn, *args)
     ct = jnp.ones(out.shape, jnp.float32)
     fb = jax.jit(fwd_bwd(fn, len(args)))
     return Row(
-        method=method,
+        mechanism=mechanism,
         impl=impl,
         n=n,
         fwd_s=time_fn(fwd, *args, repeats=repeats),
@@ -99,7 +132,7 @@ def measure(method: str, impl: str, n: int, fn: Callable, args: tuple, *, repeat
 
 def add_ratios(rows: list[Row], baseline: str = "dense") -> list[Row]:
     """Speedups and memory ratios against the baseline row of the same n (measured in the same run)."""
-    base = {r.n: r for r in rows if r.method == baseline}
+    base = {r.n: r for r in rows if r.mechanism == baseline}
     for r in rows:
         b = base.get(r.n)
         if b is not None:
@@ -110,12 +143,12 @@ def add_ratios(rows: list[Row], baseline: str = "dense") -> list[Row]:
 
 
 def format_table(rows: list[Row]) -> str:
-    head = "| method | impl | n | fwd ms | fwd+bwd ms | peak MiB | GFLOP | speedup fwd | speedup fwd+bwd | mem ratio |"
+    head = "| mechanism | impl | n | fwd ms | fwd+bwd ms | peak MiB | GFLOP | speedup fwd | speedup fwd+bwd | mem ratio |"
     lines = [head, "|" + "---|" * 10]
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
     for r in rows:
         lines.append(
-            f"| {r.method} | {r.impl} | {r.n} | {r.fwd_s * 1e3:.2f} | {r.fwd_bwd_s * 1e3:.2f} | "
+            f"| {r.mechanism} | {r.impl} | {r.n} | {r.fwd_s * 1e3:.2f} | {r.fwd_bwd_s * 1e3:.2f} | "
             f"{r.mem_bytes / 2**20:.1f} | {fmt(None if r.flops is None else r.flops / 1e9, '.2f')} | "
             f"{fmt(r.speedup_fwd, '.2f')}x | {fmt(r.speedup_fwd_bwd, '.2f')}x | {fmt(r.mem_ratio, '.2f')}x |"
         )
@@ -167,15 +200,15 @@ def write_report(rows: list[Row], base: str, command: str, config: dict | None =
 
 
 def plot_rows(rows: list[Row], path: str, title: str = "") -> None:
-    """Log-log plot of forward+backward time and compiled memory versus n, one line per method/impl."""
+    """Log-log plot of forward+backward time and compiled memory versus n, one line per mechanism/impl."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    for key in sorted({(r.method, r.impl) for r in rows}):
-        sel = sorted((r for r in rows if (r.method, r.impl) == key), key=lambda r: r.n)
+    for key in sorted({(r.mechanism, r.impl) for r in rows}):
+        sel = sorted((r for r in rows if (r.mechanism, r.impl) == key), key=lambda r: r.n)
         ns = [r.n for r in sel]
         ax_t.plot(ns, [r.fwd_bwd_s * 1e3 for r in sel], marker="o", label=f"{key[0]} ({key[1]})")
         ax_m.plot(ns, [r.mem_bytes / 2**20 for r in sel], marker="o", label=f"{key[0]} ({key[1]})")

@@ -1,6 +1,6 @@
 """What the LM-type studies (language modelling, retrieval) share: a model scale, grid cells, result rows.
 
-A cell is one (n, variant, budget, seed) run; its row is one JSON line in `experiments/results/*.jsonl`.
+A cell is one (n, mechanism, budget, seed) run; its row is one JSON line in `experiments/results/*.jsonl`.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ def model_and_train(scale: Scale, n: int, attention, seed: int) -> tuple[Transfo
 
 class Cell(NamedTuple):
     n: int
-    variant: str
+    mechanism: str
     budget: float
     seed: int
 
 
-def grid_cells(ns, variants, budget, seeds) -> list[Cell]:
-    """Every (n, variant, seed) at one budget."""
-    return [Cell(n, v, budget, s) for n in ns for v in variants for s in seeds]
+def grid_cells(ns, mechanisms, budget, seeds) -> list[Cell]:
+    """Every (n, mechanism, seed) at one budget."""
+    return [Cell(n, v, budget, s) for n in ns for v in mechanisms for s in seeds]
 
 
 def peak_mib(mem: dict) -> float | None:
@@ -87,4 +87,4 @@ def read_rows(path: str) -> list[dict]:
 
 
 def row_key(row: dict) -> tuple:
-    return row.get("config"), row.get("n"), row.get("variant"), row.get("budget_keys_per_query"), row.get("seed")
+    return row.get("config"), row.get("n"), row.get("mechanism"), row.get("budget_keys_per_query"), row.get("seed")

@@ -4,7 +4,7 @@ Evaluation returns *sums* per batch (the loop averages them over batches, so rat
 `correct` and `count` weight out the filler rows `eval_batches` appends (`weight` 0), so the accuracy is over
 real examples only. Attention statistics are taken from full batches only (`full` = 1 when no row is filler).
 
-FLOPs (the seed's "loss per training FLOP"):
+FLOPs (the research documents' "loss per training FLOP"):
 * dense parts: 6 * params * tokens per step (forward 2, backward 4 per parameter per token; every position of
   the padded sequence runs through the projections and MLPs). Embedding and head parameters are excluded
   (a lookup, and a head applied once per sequence).

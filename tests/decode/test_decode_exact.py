@@ -23,6 +23,9 @@ from sparse_attn.modules import (
     BigBirdAttention,
     DenseAttention,
     LabelAttentionConfig,
+    LabelCapacity,
+    LabelRouterConfig,
+    LabelSchedule,
     LocalAttention,
     LongformerAttention,
     MobaAttentionConfig,
@@ -33,16 +36,16 @@ N, VOCAB, TOL = 40, 50, 2e-5
 
 
 def _labels(**kw):
-    return LabelAttentionConfig(num_labels=8, top_k=2, radius=6, block=16, soft_block=16, **kw)
+    return LabelAttentionConfig(num_labels=8, top_k=2, radius=6, capacity=LabelCapacity(block=16, soft_block=16), **kw)
 
 
 LAYERS = (
     LocalAttention(radius=5, num_kv_heads=2),
     LongformerAttention(radius=4, num_global=3),
     BigBirdAttention(radius=4, num_global=1, num_random=2, block=8),
-    _labels(landmark_every=7, phase="hard", per_head_labels=True),
+    _labels(landmark_every=7, phase="hard", router=LabelRouterConfig(per_head=True)),
     # scheduled, evaluated at the end of its 10-step run: the hard phase
-    _labels(landmark_every=9, phase="schedule", num_steps=10, position_cell=4),  # with position labels
+    _labels(landmark_every=9, phase="schedule", schedule=LabelSchedule(num_steps=10), position_cell=4),  # + positions
     DenseAttention(num_kv_heads=1),
     # block selection: groups of 2 queries select at their first query, from block means / compressed tokens
     MobaAttentionConfig(block_size=4, top_k=3, query_block=2, num_kv_heads=2),
@@ -106,13 +109,13 @@ def test_unregistered_module_names_itself():
     class Mystery:
         pass
 
-    with pytest.raises(NotImplementedError, match="Mystery; registered: .*LabelAttention.*PatternAttention"):
+    with pytest.raises(NotImplementedError, match="Mystery; mechanisms with one: fixed, labels, abca"):
         decoder_for(Mystery())
 
 
 def test_label_phase_warning():
     cfg = TransformerConfig(vocab_size=VOCAB, model_dim=32, num_heads=4, num_layers=1, mlp_dim=64,
-                            attention=_labels(phase="schedule", num_steps=100))
+                            attention=_labels(phase="schedule", schedule=LabelSchedule(num_steps=100)))
     m = TransformerLM(cfg, rngs=nnx.Rngs(0))
     assert labels_decode.phase_at(m.blocks[0].attn, 0) == "soft"
     assert labels_decode.phase_at(m.blocks[0].attn, 100) == "hard"
