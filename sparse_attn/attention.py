@@ -10,8 +10,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-import sparse_attn.executors  # noqa: F401  (registers the reference, XLA and mechanism executors)
-import sparse_attn.kernels  # noqa: F401  (registers the Pallas kernels)
+import sparse_attn.executors  # noqa: F401  (registers the reference, XLA, Pallas and mechanism executors)
 from sparse_attn.executors import registry
 from sparse_attn.executors.prepared import Prepared
 from sparse_attn.executors.registry import register_executor
@@ -24,6 +23,7 @@ __all__ = [
     "default_implementation",
     "prepare",
     "register_executor",
+    "resolve_implementation",
 ]
 _MISSING = object()
 
@@ -33,9 +33,18 @@ def available_implementations(pattern_type: type = Intervals) -> tuple[str, ...]
     return registry.implementations(pattern_type)
 
 
-def default_implementation(platform: str | None = None, pattern_type: type = Intervals) -> str:
-    """What `implementation=None` runs for a pattern type on a platform (default: this one)."""
-    return registry.default(pattern_type, platform or jax.default_backend())
+def default_implementation(platform: str | None = None, pattern_type: type = Intervals, *, pattern=None) -> str:
+    """What `implementation=None` runs for a pattern type on a platform (default: this one); with `pattern` (an
+    instance of the type), for that pattern (a platform's default may depend on it: a dense `Intervals` runs
+    "reference" on CPU, `executors/reference.py`)."""
+    return registry.default(pattern_type, platform or jax.default_backend(), pattern)
+
+
+def resolve_implementation(pattern, implementation: str | None = None) -> str:
+    """The executor `attention(..., pattern, implementation=implementation)` runs on this platform: `implementation`
+    (checked against the pattern's type), or for None the registry's default for the pattern. For a module whose
+    executor options depend on the executor; the registry is the one place that maps None to an executor."""
+    return registry.resolve(pattern, implementation)
 
 
 def prepare(pattern, *, implementation: str | None = None, head_dim: int | None = None, **options) -> Prepared:
@@ -57,8 +66,7 @@ def prepare(pattern, *, implementation: str | None = None, head_dim: int | None 
     """
     if isinstance(pattern, Prepared):
         raise ValueError(f"the pattern is already prepared (for implementation {pattern.implementation!r})")
-    name = default_implementation(None, type(pattern)) if implementation is None else implementation
-    registry.lookup(type(pattern), name)
+    name = registry.resolve(pattern, implementation)
     if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
         raise ValueError(f"head_dim must be None or an int >= 1, got {head_dim!r}")
     key = tuple(sorted(options.items()))
@@ -143,7 +151,8 @@ def attention(
         mechanism's own: `patterns.abca.ZonePattern`, `patterns.labels.LabelPattern`), leading axes [B|1, H|1];
         or a `Prepared` one (`prepare`), which runs the executor it was prepared for with its options.
       implementation: a name registered for the pattern's type ("reference" for every type, "xla", "pallas",
-        or a mechanism executor such as "packed" or "bucketed"), or None (the platform's default for that type).
+        or a mechanism executor such as "packed" or "bucketed"), or None (the platform's default for that type and
+        pattern, `resolve_implementation`).
         Any other value (including "") or an explicit choice that cannot run raises ValueError naming what can.
       scale: logit scale, default 1/sqrt(D).
       return_lse: also return the float32 log-sum-exp [B, N, H] (-inf on rows with no allowed key).
@@ -157,7 +166,7 @@ def attention(
     """
     if isinstance(pattern, Prepared):
         pattern, implementation, options = _unwrap(pattern, implementation, options, q_BxNxHxD.shape[-1])
-    name = default_implementation(None, type(pattern)) if implementation is None else implementation
+    name = registry.resolve(pattern, implementation)
     fn = registry.lookup(type(pattern), name)
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
+from sparse_attn.patterns.intervals import Intervals
 
 
 def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
@@ -38,4 +39,30 @@ def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
     return zero_empty_rows(out, lse).astype(q_BxNxHxD.dtype), lse
 
 
+# The longest sequence at which "reference" was measured faster than "xla" on CPU (below); past it the dense N x N
+# softmax's memory grows as N^2, so longer dense patterns keep "xla".
+REFERENCE_MAX_TOKENS = 512
+
+
+def spans_sequence(pattern: Intervals) -> bool:
+    """Whether an `Intervals` of at most `REFERENCE_MAX_TOKENS` tokens has a static reach covering every key of every
+    row (dense attention, causal or not: e.g. `patterns.dense`), without label bits: every executor then visits all
+    N x N pairs. Static: usable under jit."""
+    n = pattern.num_tokens
+    if n > REFERENCE_MAX_TOKENS or pattern.reach is None or pattern.label_bits is not None:
+        return False
+    left, right = pattern.reach
+    return left >= n - 1 and (pattern.causal or right >= n - 1)
+
+
 registry.set_reference(reference_attention)
+
+# On CPU a dense Intervals of up to 512 tokens (`spans_sequence`: the LM's dense layers) runs "reference" by
+# default, by measurement:
+# `python -m experiments.benchmarks.lm_step --rounds 3` at n = 128 on a quiet machine, `--seq_len 512 --batch 8
+# --rounds 2 --tag n512` at load ~4 (experiments/results/bench_lm_step{,_n512}.md; reference/default CPU time of the
+# LM train step, the default then "xla" for every Intervals; `--impls xla,reference` measures it now): dense 0.97x at
+# 128, 0.84x at 512 (the materialised softmax beats the blocked "xla" when the band holds every key block); local
+# (1.03x, 1.45x), Longformer (0.94x, 1.27x), BigBird (0.84x, 1.16x) and ABCA (1.35x at 128) keep their default
+# executors, which win from the grids' lengths (256-1024) on. Losses agree to 5e-7. Accelerators keep "pallas".
+registry.register_default(Intervals, "reference", on="cpu", when=spans_sequence)

@@ -5,8 +5,12 @@ dtype, `lse` float32 [B, N, H] (-inf on rows with no allowed key). A pattern typ
 `num_tokens`, `validate(batch, heads)` and `to_dense()` (bool [B|1, H|1, N, N]); registering its first executor
 also registers "reference" for it (the dense oracle over `to_dense()`), so every pattern type has its oracle.
 
-`implementation=None` resolves per pattern type and platform to the executor registered as that platform's
-default (the fastest measured there), else the first one registered after "reference".
+`implementation=None` is resolved here and nowhere else (`resolve`): per pattern type and platform, to the executor
+registered as that platform's default (the fastest measured there), else the first one registered after
+"reference". Where the fastest depends on the pattern, a default may be conditional (`register_default(..., when=)`,
+a predicate of the pattern's static properties, e.g. an `Intervals` whose reach spans the sequence): the
+conditional defaults a pattern satisfies come first, the latest registered first. A mechanism that runs one
+executor choice over several pattern types asks for the `counterpart` of its choice on the others.
 
 An executor that sees more than its output (the label executor's per-query key counts and band tier) registers
 with `aux=True` and returns `(out, lse, aux)`, `aux` a dict of arrays; `attention(..., return_aux=True)` hands it on
@@ -23,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import jax
+
 PLATFORMS = ("cpu", "gpu", "tpu")
 _ALIASES = {"cuda": "gpu", "rocm": "gpu"}
 
@@ -32,6 +38,8 @@ class _Entries:
     fns: dict[str, Callable] = dataclasses.field(default_factory=dict)
     prepares: dict[str, Callable] = dataclasses.field(default_factory=dict)
     defaults: dict[str, str] = dataclasses.field(default_factory=dict)  # platform -> name
+    # (platform, name, predicate of the pattern): conditional defaults, tried before `defaults`, newest first
+    rules: list[tuple[str, str, Callable]] = dataclasses.field(default_factory=list)
     with_aux: set[str] = dataclasses.field(default_factory=set)  # names returning (out, lse, aux)
 
 
@@ -90,6 +98,36 @@ def register_executor(
         entries.defaults[p] = name
 
 
+def register_default(pattern_type: type, name: str, *, on: tuple[str, ...] | str, when: Callable | None = None) -> None:
+    """Makes executor `name` what `implementation=None` runs for `pattern_type` on platforms `on`.
+
+    Args:
+      pattern_type: a registered pattern type (its "reference" counts as registered once any executor is).
+      name: one of its executors.
+      on: platforms ("cpu", "gpu", "tpu").
+      when: None (the platform's default for every pattern of the type, as `register_executor(default_on=...)`),
+        or `when(pattern) -> bool` over the pattern's static properties (shapes and static fields: it runs at trace
+        time), making `name` the default only for the patterns it accepts, ahead of the unconditional default.
+    """
+    on = (on,) if isinstance(on, str) else tuple(on)
+    for p in on:
+        if p not in PLATFORMS:
+            raise ValueError(f"default platforms must be among {PLATFORMS}, got {p!r}")
+    if when is not None and not callable(when):
+        raise ValueError(f"when must be None or a predicate of the pattern, got {when!r}")
+    known = set(_TABLE[pattern_type].fns if pattern_type in _TABLE else ()) | ({"reference"} if _REFERENCE else set())
+    if name not in known:
+        raise ValueError(f"register executor {name!r} for {pattern_type.__name__} before making it a default")
+    entries = _TABLE.setdefault(pattern_type, _Entries())
+    if _REFERENCE:
+        entries.fns.setdefault("reference", _REFERENCE[0])
+    for p in on:
+        if when is None:
+            entries.defaults[p] = name
+        else:
+            entries.rules.insert(0, (p, name, when))
+
+
 def _entries(pattern_type: type) -> _Entries | None:
     for cls in pattern_type.__mro__:
         if cls in _TABLE:
@@ -107,17 +145,42 @@ def implementations(pattern_type: type) -> tuple[str, ...]:
     return () if entries is None else tuple(entries.fns)
 
 
-def default(pattern_type: type, platform: str) -> str:
-    """The implementation `None` picks for this pattern type on this platform."""
+def default(pattern_type: type, platform: str, pattern=None) -> str:
+    """The implementation `None` picks for this pattern type on this platform; with `pattern` (an instance of the
+    type), the conditional defaults it satisfies first (`register_default(..., when=)`)."""
     entries = _entries(pattern_type)
     if entries is None:
         raise ValueError(f"no executor is registered for pattern type {pattern_type.__name__}")
     platform = _ALIASES.get(platform, platform)
+    if pattern is not None:
+        for p, name, when in entries.rules:
+            if p == platform and when(pattern):
+                return name
     if platform in entries.defaults:
         return entries.defaults[platform]
     if "cpu" in entries.defaults:  # the portable choice
         return entries.defaults["cpu"]
     return next((n for n in entries.fns if n != "reference"), "reference")
+
+
+def resolve(pattern, implementation: str | None = None, platform: str | None = None) -> str:
+    """The executor name `attention(..., pattern, implementation=...)` runs: `implementation` itself (checked:
+    ValueError naming what can run the pattern), or for None this platform's default for the pattern (`default`;
+    platform None: JAX's default backend)."""
+    if implementation is None:
+        return default(type(pattern), platform or jax.default_backend(), pattern)
+    lookup(type(pattern), implementation)
+    return implementation
+
+
+def counterpart(pattern, implementation: str | None, platform: str | None = None) -> str:
+    """The executor of `pattern` that stands in for `implementation`, a mechanism's executor choice made for another
+    of its pattern types (ABCA's handshake `NeighbourList` beside its `ZonePattern` stages, NSA's window `Intervals`
+    beside its selected `BlockLayout`): the same name where this pattern type registers it ("reference" stays the
+    oracle, "xla" the XLA executor), else (and for None) this platform's default for the pattern."""
+    if implementation is not None and implementation in implementations(type(pattern)):
+        return implementation
+    return resolve(pattern, None, platform)
 
 
 def preparer(pattern_type: type, name: str) -> Callable | None:

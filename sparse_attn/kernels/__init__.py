@@ -1,21 +1,12 @@
-"""Pallas block-sparse flash attention (Triton for GPU, Mosaic for TPU, interpret mode on CPU).
+"""Pallas block-sparse flash attention kernels (Triton for GPU, Mosaic for TPU, interpret mode on CPU).
 
-Importing this package registers `pallas_attention` as the "pallas" executor of `Intervals` and `BlockLayout`,
-the default on GPU/TPU (XLA stays the CPU default), with `prepare_pallas` (token metadata and tile lists built once
-by `sparse_attn.prepare`); `implementation="pallas"` on CPU runs the Triton kernels with
-`interpret=True` (see `KernelConfig`). Neighbour lists have no kernel (docs/kernels.md, "Decisions").
-`kernels/labels.py` runs label attention's `LabelPattern` through the same kernels in bucket-entry space
-("bucketed_pallas").
+Kernels only: per-token metadata and tile lists (`metadata`), the forward kernels (`flash_gpu`, `flash_tpu`), their
+backward (`backward`) and their configuration (`KernelConfig`, `BlockSizes`). The executor that runs them for a
+pattern (custom VJP, padding, global rows, registration as "pallas") is `sparse_attn.executors.pallas`, and label
+attention's "bucketed_pallas" is `sparse_attn.executors.labels.pallas`: kernels sit below the executors and import
+none of them (tests/test_layering.py).
 """
 
-from sparse_attn.executors.registry import register_executor
-from sparse_attn.kernels import labels as _labels  # noqa: F401  registers LabelPattern's "bucketed_pallas"
 from sparse_attn.kernels.config import BlockSizes, KernelConfig
-from sparse_attn.kernels.vjp import pallas_attention, prepare_pallas
-from sparse_attn.patterns.block_layout import BlockLayout
-from sparse_attn.patterns.intervals import Intervals
 
-register_executor(Intervals, "pallas", pallas_attention, default_on=("gpu", "tpu"), prepare=prepare_pallas)
-register_executor(BlockLayout, "pallas", pallas_attention, default_on=("gpu", "tpu"), prepare=prepare_pallas)
-
-__all__ = ["BlockSizes", "KernelConfig", "pallas_attention", "prepare_pallas"]
+__all__ = ["BlockSizes", "KernelConfig"]

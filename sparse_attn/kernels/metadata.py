@@ -38,7 +38,7 @@ class TokenMeta:
       causal: static.
       exclude: static. With it `labels` holds 2W words per token: its labels, then the labels a query excludes —
         (i, j) is allowed only if no excluded word of i meets a label word of j (the bucketed executor's
-        lowest-shared-label dedup, run in bucket-entry space by `kernels/labels.py`).
+        lowest-shared-label dedup, run in bucket-entry space by `executors/labels/pallas.py`).
     """
 
     lo: jax.Array

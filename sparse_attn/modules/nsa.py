@@ -11,7 +11,9 @@ learned sigmoid gates (docs/nsa.md).
   key blocks; each query group keeps `top_n` blocks: its own (causally), the first `sink_blocks`, the
   `recent_blocks` before its own and the best-scored others (`patterns.block_select`), run through
   `attention(..., implementation)` (`selected_blocks.selected_attention`). Selection has no gradient.
-* **Window**: a causal (or two-sided) window of `window` tokens through `attention(..., implementation)`.
+* **Window**: a causal (or two-sided) window of `window` tokens through `attention`, with the registry's counterpart
+  of `implementation` for its `Intervals` (`executors.registry.counterpart`: the same name, which both pattern types
+  register for "xla", "pallas" and "reference").
 
 Each branch has its own key and value projections (the paper's guard against one branch's gradients shaping
 another's keys); the queries are shared. Query groups are `query_block` consecutive queries sharing a selection,
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_attn.attention import attention
+from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax_parts
 from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
 from sparse_attn.modules.selected_blocks import Blocks, selected_attention, selected_key_counts, selection_stats
@@ -59,7 +62,8 @@ class NsaAttentionConfig:
       (own + recent = the paper's "local blocks").
     window: the sliding window's radius (0: the query alone).
     causal: causal even in a bidirectional model; num_kv_heads: GQA (None: num_heads); implementation: the
-    executor of the selected and window branches (None: platform default).
+    executor of the selected branch's `BlockLayout` (None: the registry's default), whose counterpart runs the
+    window's `Intervals` (module docstring).
     """
 
     mechanism: ClassVar[str] = "nsa"
@@ -238,7 +242,8 @@ class NsaAttention(nnx.Module):
             q, *slc_kv, sel, cfg.selection, causal=causal, valid_len=vl, implementation=cfg.implementation
         )
         win = sliding_window(n, cfg.window, causal=causal, valid_len=vl)
-        o_win = attention(q, win_kv[0].astype(dt), win_kv[1].astype(dt), win, implementation=cfg.implementation)
+        win_impl = registry.counterpart(win, cfg.implementation)
+        o_win = attention(q, win_kv[0].astype(dt), win_kv[1].astype(dt), win, implementation=win_impl)
 
         o = sum(gates_BxNx3xHx1[:, :, i] * o_ for i, o_ in enumerate((o_cmp, o_slc, o_win)))
         stats = nsa_stats(count, sel, win, n, cfg, causal=causal, valid_len=vl)

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from sparse_attn.modules.abca import AnchorAttentionConfig
+from sparse_attn.modules.abca import AnchorAttentionConfig, LearnedAnchors
 from sparse_attn.modules.base import AttentionContext
 
 NUM_HEADERS, NUM_FILLERS = 4, 12
@@ -96,7 +96,7 @@ def train(config: AnchorAttentionConfig, seed: int, steps: int = 150, lr: float 
 
 
 def learned(**kw) -> AnchorAttentionConfig:
-    return AnchorAttentionConfig(placement="learned", max_zone=MAX_ZONE, rope_base=None, **kw)
+    return AnchorAttentionConfig(placement=LearnedAnchors(**kw), max_zone=MAX_ZONE, rope_base=None)
 
 
 def main():

@@ -11,7 +11,7 @@ from tests.abca import placement_toy
 
 def test_default_learned_placement_moves_anchors_to_the_known_boundaries():
     cfg = placement_toy.learned()  # the config's defaults: straight-through on, no boundary_ids
-    assert cfg.straight_through and not cfg.boundary_ids
+    assert cfg.placement.straight_through and not cfg.placement.boundary_ids
     (h0, o0), (h1, o1), _ = placement_toy.train(cfg, seed=0, steps=150)
     assert h0 == 0.0 and o0 == 0.0  # at init the head places nothing
     # Measured (seeds 0-4, see docs/abca.md): headers placed 1.00, other positions 0.00 after training.

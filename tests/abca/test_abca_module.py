@@ -1,5 +1,9 @@
 """AnchorAttention: causality through gradients, implementations agree, aux loss, stats, errors, model plug-in."""
 
+import dataclasses
+import json
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,10 +11,12 @@ import pytest
 from flax import nnx
 
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules.abca import AnchorAttentionConfig
+from sparse_attn.modules.abca import AnchorAttentionConfig, ExplicitAnchors, FixedAnchors, LearnedAnchors
 from sparse_attn.modules.abca.stats import _handshake_pairs
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.patterns import abca
+from sparse_attn.studies.restore import from_json
+from sparse_attn.train import run_config
 
 B, N, DM, H = 2, 20, 16, 2
 VOCAB, ANCHOR = 11, 3
@@ -30,21 +36,16 @@ def _run(cfg, x, tokens, *, causal, valid_len=(N, 14), seed=0):
 
 CAUSAL_CONFIGS = {
     "explicit_global": AnchorAttentionConfig(
-        placement="explicit",
-        anchor_id=ANCHOR,
-        vocab_size=VOCAB,
+        placement=ExplicitAnchors(anchor_id=ANCHOR, vocab_size=VOCAB),
         max_zone=4,
         handshake="global",
         max_anchors=3,
         handshake_steps=2,
     ),
     "learned_st": AnchorAttentionConfig(
-        placement="learned",
+        placement=LearnedAnchors(straight_through=True, boundary_ids=(1, 2), score_bias_init=0.0),
         max_zone=5,
         handshake_steps=2,
-        straight_through=True,
-        boundary_ids=(1, 2),
-        score_bias_init=0.0,
     ),
 }
 
@@ -94,9 +95,7 @@ def test_module_implementations_agree(causal, kv_heads):
     outs = {}
     for impl in ("reference", None):
         cfg = AnchorAttentionConfig(
-            placement="explicit",
-            anchor_id=ANCHOR,
-            vocab_size=VOCAB,
+            placement=ExplicitAnchors(anchor_id=ANCHOR, vocab_size=VOCAB),
             max_zone=6,
             handshake_steps=2,
             implementation=impl,
@@ -114,7 +113,7 @@ def test_module_implementations_agree(causal, kv_heads):
 
 def test_stats_report_zones_and_flops():
     x, tokens = _inputs()
-    cfg = AnchorAttentionConfig(placement="fixed", interval=8, max_zone=5)
+    cfg = AnchorAttentionConfig(placement=FixedAnchors(interval=8), max_zone=5)
     module, ctx = _run(cfg, x, tokens, causal=False, valid_len=(N, N))
     st = {k: float(v) for k, v in nnx.jit(lambda m, x, c: m(x, c))(module, x, ctx).stats.items()}
     # interval 8 under a cap of 5: anchors at 0, 5, 8, 13, 16 -> k = 5, 2 inserted (5, 13), zones 5,3,5,3,4.
@@ -130,15 +129,15 @@ def test_stats_report_zones_and_flops():
 
 def test_config_and_call_errors():
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        AnchorAttentionConfig(placement="explicit", anchor_id=VOCAB, vocab_size=VOCAB)
+        AnchorAttentionConfig(placement=ExplicitAnchors(anchor_id=VOCAB, vocab_size=VOCAB))
     with pytest.raises(ValueError, match="max_zone"):
         AnchorAttentionConfig(max_zone=0)
     with pytest.raises(ValueError, match="handshake_steps"):
         AnchorAttentionConfig(handshake_steps=0)
-    with pytest.raises(ValueError, match="placement"):
+    with pytest.raises(TypeError, match="placement must be one of FixedAnchors"):
         AnchorAttentionConfig(placement="random")
     x, tokens = _inputs()
-    module, ctx = _run(AnchorAttentionConfig(placement="explicit", anchor_id=ANCHOR), x, tokens, causal=False)
+    module, ctx = _run(AnchorAttentionConfig(placement=ExplicitAnchors(anchor_id=ANCHOR)), x, tokens, causal=False)
     with pytest.raises(ValueError, match="anchor_mask"):
         module(x, AttentionContext(valid_len=ctx.valid_len))
     with pytest.raises(ValueError, match="does not match"):
@@ -157,8 +156,8 @@ def test_plugs_into_the_language_model():
         num_layers=2,
         mlp_dim=32,
         attention=(
-            AnchorAttentionConfig(placement="fixed", interval=4, max_zone=4),
-            AnchorAttentionConfig(placement="learned", max_zone=6, boundary_ids=(1,)),
+            AnchorAttentionConfig(placement=FixedAnchors(interval=4), max_zone=4),
+            AnchorAttentionConfig(placement=LearnedAnchors(boundary_ids=(1,)), max_zone=6),
         ),
     )
     model = TransformerLM(cfg, rngs=nnx.Rngs(0))
@@ -184,3 +183,53 @@ def test_handshake_pair_count_matches_the_patterns(causal):
         glob = abca.global_handshake(zones, max_anchors=m, causal=causal)[0].valid.sum((1, 2, 3))
         np.testing.assert_array_equal(_handshake_pairs(zones.num_anchors, causal, "chain", None), chain)
         np.testing.assert_array_equal(_handshake_pairs(zones.num_anchors, causal, "global", m), glob)
+
+
+def test_placement_sub_configs_refuse_the_flat_form_and_validate():
+    """The old flat fields are refused with the new form named (one line each); each placement validates its own
+    fields; `flat_fields()` gives the flat names result rows record; the nested config round-trips through JSON."""
+    for old, new in (("interval", "FixedAnchors(interval=...)"), ("anchor_id", "ExplicitAnchors(anchor_id=...)"),
+                     ("vocab_size", "ExplicitAnchors(vocab_size=...)"),
+                     ("boundary_ids", "LearnedAnchors(boundary_ids=...)"),
+                     ("placement_loss_weight", "LearnedAnchors(loss_weight=...)"),
+                     ("straight_through", "LearnedAnchors(straight_through=...)"),
+                     ("score_bias_init", "LearnedAnchors(score_bias_init=...)")):
+        with pytest.raises(TypeError, match=rf"no field '{old}': use placement={re.escape(new)}$"):
+            AnchorAttentionConfig(**{old: 1})
+        with pytest.raises(AttributeError, match=rf"use placement={re.escape(new)}"):
+            getattr(AnchorAttentionConfig(), old)
+    for kind, new in (("fixed", "FixedAnchors(interval=...)"), ("learned", "LearnedAnchors(boundary_ids=...")):
+        with pytest.raises(TypeError, match=rf"placement='{kind}' is the old string form: use placement={re.escape(new)}"):
+            AnchorAttentionConfig(placement=kind)
+    with pytest.raises(TypeError, match="has no field 'interval'"):
+        dataclasses.replace(AnchorAttentionConfig(), interval=8)
+    bad = [(lambda: FixedAnchors(interval=0), "FixedAnchors.interval"),
+           (lambda: FixedAnchors(interval=2.0), "FixedAnchors.interval"),
+           (lambda: ExplicitAnchors(anchor_id=-1), "ExplicitAnchors.anchor_id"),
+           (lambda: ExplicitAnchors(vocab_size=0), "ExplicitAnchors.vocab_size"),
+           (lambda: LearnedAnchors(loss_weight=float("nan")), "LearnedAnchors.loss_weight"),
+           (lambda: LearnedAnchors(loss_weight=-0.1), "LearnedAnchors.loss_weight"),
+           (lambda: LearnedAnchors(score_bias_init=float("inf")), "LearnedAnchors.score_bias_init"),
+           (lambda: LearnedAnchors(straight_through=1), "LearnedAnchors.straight_through"),
+           (lambda: LearnedAnchors(boundary_ids=(1, "a")), "LearnedAnchors.boundary_ids"),
+           (lambda: LearnedAnchors(boundary_ids="ab"), "LearnedAnchors.boundary_ids")]
+    for make, field in bad:
+        with pytest.raises(ValueError, match=re.escape(field)):
+            make()
+    assert AnchorAttentionConfig().placement == FixedAnchors(interval=64)
+    assert LearnedAnchors(boundary_ids=[3, 1]).boundary_ids == (3, 1)  # a list (as JSON gives) becomes a tuple
+
+    explicit = AnchorAttentionConfig(placement=ExplicitAnchors(anchor_id=ANCHOR, vocab_size=VOCAB), max_zone=9)
+    flat = explicit.flat_fields()
+    assert (flat["placement"], flat["anchor_id"], flat["vocab_size"], flat["max_zone"]) == ("explicit", ANCHOR, VOCAB, 9)
+    assert flat["interval"] == 64 and flat["straight_through"] is True  # the flat config's values for other modes
+    learned = AnchorAttentionConfig(placement=LearnedAnchors(boundary_ids=(1,), loss_weight=0.5)).flat_fields()
+    assert (learned["placement"], learned["boundary_ids"], learned["placement_loss_weight"]) == ("learned", (1,), 0.5)
+    assert set(flat) == {f.name for f in dataclasses.fields(AnchorAttentionConfig)} | {
+        "interval", "anchor_id", "vocab_size", "boundary_ids", "placement_loss_weight", "straight_through",
+        "score_bias_init"}
+
+    for cfg in (AnchorAttentionConfig(), explicit, AnchorAttentionConfig(placement=LearnedAnchors(boundary_ids=(1, 2)))):
+        stored = json.loads(json.dumps(run_config.to_json(cfg)))
+        assert stored["placement"]["_type"] == type(cfg.placement).__name__
+        assert from_json(stored) == cfg

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from sparse_attn.executors.abca import packed as abca_packed
-from sparse_attn.modules.abca import AnchorAttentionConfig, AnchorProjections, abca_core
+from sparse_attn.modules.abca import AnchorAttentionConfig, AnchorProjections, LearnedAnchors, abca_core
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.patterns import abca
 
@@ -140,7 +140,7 @@ def test_core_padding_is_invisible_and_valid_nonfinite_reaches_only_readers(impl
 
 def test_module_ignores_nonfinite_hidden_states_at_padding():
     cfg = AnchorAttentionConfig(
-        placement="learned", max_zone=4, straight_through=True, boundary_ids=(1,), score_bias_init=0.0
+        placement=LearnedAnchors(straight_through=True, boundary_ids=(1,), score_bias_init=0.0), max_zone=4
     )
     module = cfg.make(16, 2, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(2), (B, N, 16))

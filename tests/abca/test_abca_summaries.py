@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sparse_attn.modules import AnchorAttentionConfig
+from sparse_attn.modules import AnchorAttentionConfig, FixedAnchors
 from sparse_attn.modules.abca import AnchorAttention, AnchorProjections, abca_core
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.modules.base import AttentionContext
@@ -108,7 +108,7 @@ def test_key_count_matches_the_loop_masks(causal):
 
 
 def test_layer_learns_its_summaries_and_refusals_are_clear():
-    cfg = AnchorAttentionConfig(placement="fixed", interval=5, max_zone=5, summaries_per_anchor=3)
+    cfg = AnchorAttentionConfig(placement=FixedAnchors(interval=5), max_zone=5, summaries_per_anchor=3)
     layer = AnchorAttention(cfg, 16, 2, rngs=nnx.Rngs(0))
     assert layer.summary_wq.shape == (2, 2, 8, 8)
     x = jax.random.normal(jax.random.PRNGKey(1), (B, N, 16))

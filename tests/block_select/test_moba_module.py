@@ -10,7 +10,7 @@ from flax import nnx
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import AttentionContext
 from sparse_attn.modules.moba import MobaAttentionConfig, moba_layout, moba_selection, moba_stats
-from sparse_attn.studies.budget import moba_keys
+from sparse_attn.mechanisms.moba import moba_keys
 from tests.lm_steps import two_train_steps
 
 B, N, H, G, D = 2, 24, 4, 2, 8
@@ -98,7 +98,7 @@ def test_gqa_mismatch_names_num_kv_heads():
 
 
 def test_budget_count_equals_the_layout_on_full_sequences():
-    """`studies.budget.moba_keys` (closed form, the grids' budget matching) == keys of the layout the module runs."""
+    """`mechanisms.moba.moba_keys` (closed form, the grids' budget matching) == keys of the layout the module runs."""
     q, k = _qk(5)
     for cfg in (MobaAttentionConfig(block_size=5, top_k=3, causal=True), MobaAttentionConfig(block_size=4, top_k=2)):
         sel = moba_selection(q, k, cfg, causal=True)

@@ -15,7 +15,7 @@ from sparse_attn.modules import AttentionContext
 from sparse_attn.modules.nsa import NsaAttentionConfig, compressed_attention, nsa_selection
 from sparse_attn.patterns.block_select import layout_from_selection
 from sparse_attn.patterns.compressed import compressed_counts, compressed_intervals, num_compressed
-from sparse_attn.studies.budget import nsa_keys
+from sparse_attn.mechanisms.nsa import nsa_keys
 from tests.lm_steps import two_train_steps
 
 B, N, H, G, D = 2, 24, 4, 2, 8
@@ -145,7 +145,7 @@ def test_lm_trains_and_keys_match_the_budget_formula():
     tokens = jax.random.randint(jax.random.PRNGKey(8), (B, N + 1), 0, 32)
     loss0, loss1, stats = two_train_steps(model, tokens, lr=1e-2)
     assert np.isfinite(loss0) and loss1 < loss0
-    # `studies.budget.nsa_keys` (closed form, the grids' budget matching) == what the layer measures
+    # `mechanisms.nsa.nsa_keys` (closed form, the grids' budget matching) == what the layer measures
     assert float(stats["layer0/keys_per_query"]) == pytest.approx(nsa_keys(cfg, N), rel=1e-6)
 
 

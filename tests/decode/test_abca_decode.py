@@ -16,7 +16,7 @@ from flax import nnx
 
 from sparse_attn.decode import DecodeContext, decoder_for
 from sparse_attn.decode import abca as abca_decode
-from sparse_attn.modules.abca import AnchorAttentionConfig
+from sparse_attn.modules.abca import AnchorAttentionConfig, ExplicitAnchors, FixedAnchors, LearnedAnchors
 from sparse_attn.modules.base import AttentionContext
 from sparse_attn.patterns import abca
 
@@ -25,40 +25,38 @@ VOCAB, ANCHOR = 7, 3
 VALID = (N, 37)
 TOL = dict(rtol=2e-5, atol=2e-5)  # fp32: the decoder sums the same terms in another order
 
+EXPLICIT = ExplicitAnchors(anchor_id=ANCHOR, vocab_size=VOCAB)
 CONFIGS = {
-    "explicit_chain": AnchorAttentionConfig(
-        placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=6, handshake_steps=2, num_kv_heads=2
-    ),
-    "explicit_global": AnchorAttentionConfig(
-        placement="explicit", anchor_id=ANCHOR, vocab_size=VOCAB, max_zone=8, handshake="global", max_anchors=4
-    ),
-    "fixed_chain": AnchorAttentionConfig(placement="fixed", interval=10, max_zone=7),
+    "explicit_chain": AnchorAttentionConfig(placement=EXPLICIT, max_zone=6, handshake_steps=2, num_kv_heads=2),
+    "explicit_global": AnchorAttentionConfig(placement=EXPLICIT, max_zone=8, handshake="global", max_anchors=4),
+    "fixed_chain": AnchorAttentionConfig(placement=FixedAnchors(interval=10), max_zone=7),
     "fixed_global": AnchorAttentionConfig(
-        placement="fixed", interval=9, max_zone=5, handshake="global", max_anchors=6, handshake_steps=2,
+        placement=FixedAnchors(interval=9), max_zone=5, handshake="global", max_anchors=6, handshake_steps=2,
         num_kv_heads=1,
     ),
     "learned_chain": AnchorAttentionConfig(
-        placement="learned", max_zone=5, straight_through=True, score_bias_init=-1.0, boundary_ids=(1,)
+        placement=LearnedAnchors(straight_through=True, score_bias_init=-1.0, boundary_ids=(1,)), max_zone=5
     ),
     "learned_global": AnchorAttentionConfig(
-        placement="learned", max_zone=9, handshake="global", max_anchors=5, handshake_steps=2, score_bias_init=-1.0,
+        placement=LearnedAnchors(score_bias_init=-1.0), max_zone=9, handshake="global", max_anchors=5,
+        handshake_steps=2,
     ),
     # Pooled writes (P summaries per anchor): each summary's gather, handshake and zone read, online.
-    "fixed_chain_p3": AnchorAttentionConfig(placement="fixed", interval=10, max_zone=7, summaries_per_anchor=3,
+    "fixed_chain_p3": AnchorAttentionConfig(placement=FixedAnchors(interval=10), max_zone=7, summaries_per_anchor=3,
                                             num_kv_heads=2),  # fmt: skip
     "learned_global_p2": AnchorAttentionConfig(
-        placement="learned", max_zone=9, handshake="global", max_anchors=5, handshake_steps=2, score_bias_init=-1.0,
-        straight_through=True, summaries_per_anchor=2,
+        placement=LearnedAnchors(score_bias_init=-1.0, straight_through=True), max_zone=9, handshake="global",
+        max_anchors=5, handshake_steps=2, summaries_per_anchor=2,
     ),
 }
 
 
 def _raw_anchors(module, x, tokens):
-    cfg = module.config
-    if cfg.placement == "explicit":
-        return tokens == cfg.anchor_id
-    if cfg.placement == "fixed":
-        return abca.fixed_interval_anchors(B, N, cfg.interval)
+    place = module.config.placement
+    if isinstance(place, ExplicitAnchors):
+        return tokens == place.anchor_id
+    if isinstance(place, FixedAnchors):
+        return abca.fixed_interval_anchors(B, N, place.interval)
     return module.score(x)[..., 0] > 0
 
 
@@ -114,22 +112,25 @@ def test_cache_does_not_grow_with_context():
     n = 65536
     cases = (("chain", {}), ("global", {"max_anchors": n // 256}), ("chain", {"summaries_per_anchor": 4}))
     for handshake, extra in cases:
-        cfg = AnchorAttentionConfig(placement="fixed", interval=256, max_zone=256, handshake=handshake, **extra)
+        cfg = AnchorAttentionConfig(placement=FixedAnchors(interval=256), max_zone=256, handshake=handshake, **extra)
         module = cfg.make(256, 4, rngs=nnx.Rngs(0))
-        size = lambda max_len: abca_decode.cache_bytes(
-            jax.eval_shape(lambda: abca_decode.init_cache(module, 1, max_len, jnp.float32))
-        )
+
+        def size(max_len, module=module):
+            return abca_decode.cache_bytes(
+                jax.eval_shape(lambda: abca_decode.init_cache(module, 1, max_len, jnp.float32)))
+
         assert size(1024) == size(n)
         dense = 2 * n * module.proj.num_kv_heads * module.proj.head_dim * 4
         assert size(n) * 64 <= dense, (handshake, size(n), dense)
 
 
 def test_bad_inputs_name_the_problem():
-    cfg = AnchorAttentionConfig(placement="explicit", max_zone=4)  # anchors only from an anchor_mask
+    cfg = AnchorAttentionConfig(placement=ExplicitAnchors(), max_zone=4)  # anchors only from an anchor_mask
     module = cfg.make(DM, H, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="anchor_id"):
         abca_decode.init_cache(module, B, 8)
-    module = AnchorAttentionConfig(placement="explicit", anchor_id=ANCHOR, max_zone=4).make(DM, H, rngs=nnx.Rngs(0))
+    cfg = AnchorAttentionConfig(placement=ExplicitAnchors(anchor_id=ANCHOR), max_zone=4)
+    module = cfg.make(DM, H, rngs=nnx.Rngs(0))
     cache = abca_decode.init_cache(module, B, 8)
     ctx = DecodeContext(pos=jnp.int32(0), token=jnp.zeros((B,), jnp.int32), step=jnp.int32(0))
     with pytest.raises(ValueError, match=r"x \[B, 1, 32\]"):

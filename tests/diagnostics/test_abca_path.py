@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from sparse_attn.diagnostics.abca import abca_hops, abca_maps, layer_flow
-from sparse_attn.modules import AnchorAttentionConfig
+from sparse_attn.modules import AnchorAttentionConfig, FixedAnchors
 from sparse_attn.modules.abca import AnchorAttention
 from sparse_attn.modules.base import AttentionContext
 
@@ -17,7 +17,7 @@ N, D, H = 24, 16, 2
 
 
 def _layer(**kw):
-    cfg = AnchorAttentionConfig(placement="fixed", interval=6, max_zone=6, implementation="reference", **kw)
+    cfg = AnchorAttentionConfig(placement=FixedAnchors(interval=6), max_zone=6, implementation="reference", **kw)
     return AnchorAttention(cfg, D, H, rngs=nnx.Rngs(0))
 
 

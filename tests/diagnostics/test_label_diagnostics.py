@@ -10,7 +10,7 @@ from flax import nnx
 from sparse_attn.diagnostics import layer_inputs
 from sparse_attn.diagnostics.labels import kept_of_base, label_layer_probe, label_usage, router_gradient_norms
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules import LabelAttentionConfig, LocalAttention
+from sparse_attn.modules import LabelAttentionConfig, LabelCapacity, LabelRouterConfig, LocalAttention
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
 N, L = 16, 4
@@ -40,8 +40,8 @@ def test_kept_of_base():
 
 
 def _model(phase, **kw):
-    lab = LabelAttentionConfig(num_labels=L, top_k=1, radius=4, landmark_every=4, block=8, soft_block=8, phase=phase,
-                               **kw)  # fmt: skip
+    lab = LabelAttentionConfig(num_labels=L, top_k=1, radius=4, landmark_every=4, phase=phase,
+                               capacity=LabelCapacity(block=8, soft_block=8), **kw)  # fmt: skip
     cfg = TransformerConfig(vocab_size=32, model_dim=16, num_heads=2, num_layers=2, mlp_dim=32,
                             attention=(LocalAttention(radius=3), lab))  # fmt: skip
     return TransformerLM(cfg, rngs=nnx.Rngs(0))
@@ -58,7 +58,7 @@ def test_layer_probe_base_recall():
 
 @pytest.mark.parametrize("phase, freeze", [("soft", True), ("hard", True), ("hard", False)])
 def test_router_gradient_norms(phase, freeze):
-    model = _model(phase, freeze_router_when_hard=freeze)
+    model = _model(phase, router=LabelRouterConfig(freeze_when_hard=freeze))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, N), 0, 32)
     rows = router_gradient_norms(model, tokens, jnp.roll(tokens, -1, 1), jnp.ones((2, N)), step=0)
     assert rows[0] is None

@@ -12,7 +12,9 @@ from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.modules import (
     AnchorAttentionConfig,
     DenseAttention,
+    FixedAnchors,
     LabelAttentionConfig,
+    LabelCapacity,
     LocalAttention,
     MobaAttentionConfig,
     NsaAttentionConfig,
@@ -20,7 +22,8 @@ from sparse_attn.modules import (
 
 N = 24
 LAYERS = (LocalAttention(radius=3), DenseAttention(), MobaAttentionConfig(block_size=4, top_k=2),
-          LabelAttentionConfig(num_labels=4, top_k=1, radius=4, block=8, soft_block=8, phase="hard"))  # fmt: skip
+          LabelAttentionConfig(num_labels=4, top_k=1, radius=4, capacity=LabelCapacity(block=8, soft_block=8),
+                               phase="hard"))  # fmt: skip
 
 
 def _model():
@@ -34,7 +37,7 @@ def test_layer_inputs_replay_the_trunk():
     tokens = jax.random.randint(jax.random.PRNGKey(0), (2, N), 0, 32)
     inputs, ctx = layer_inputs(model, tokens)
     x = model.embed(tokens)
-    for block, xin in zip(model.blocks, inputs):
+    for block, xin in zip(model.blocks, inputs, strict=True):
         np.testing.assert_allclose(block.norm1(x), xin, atol=1e-6)
         x, _ = block(x, ctx)
     np.testing.assert_allclose(model.head(model.norm(x)), model(tokens).logits, atol=1e-5)
@@ -78,7 +81,7 @@ def test_rollout_reaches_as_far_as_the_layers_compose():
 
 
 def test_abca_layers_report_their_path():
-    abca = AnchorAttentionConfig(placement="fixed", interval=6, max_zone=6, implementation="reference")
+    abca = AnchorAttentionConfig(placement=FixedAnchors(interval=6), max_zone=6, implementation="reference")
     model = _two_layer(abca, DenseAttention())
     tokens = jax.random.randint(jax.random.PRNGKey(3), (2, N), 0, 32)
     rows = retrieval_probe(model, tokens, jnp.array([[20, 20, 20]]), jnp.array([[19, 9, 3]]))

@@ -56,7 +56,7 @@ def _dense_mass(q, k, mask, qp, kp):
     for bi in range(b):
         for hi in range(h):
             m = mask[min(bi, mask.shape[0] - 1), min(hi, mask.shape[1] - 1)]
-            for p, (i, j) in enumerate(zip(qp[bi], kp[bi])):
+            for p, (i, j) in enumerate(zip(qp[bi], kp[bi], strict=True)):
                 if not m[i].any():
                     continue
                 s = np.where(m[i], k[bi, :, hi // r] @ q[bi, i, hi] / np.sqrt(d), -np.inf)

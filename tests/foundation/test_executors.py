@@ -7,6 +7,7 @@ import pytest
 
 import sparse_attn as sa
 from sparse_attn import patterns as P
+from sparse_attn.executors import registry, xla_attention
 
 B, N, H, G, D = 2, 48, 4, 2, 16
 TOL = {jnp.float32: dict(out=1e-5, grad=5e-5), jnp.bfloat16: dict(out=2e-2, grad=5e-2)}
@@ -71,7 +72,7 @@ def test_xla_matches_reference(name, dtype):
     np.testing.assert_array_equal(np.isfinite(got[1]), np.isfinite(ref[1]))
     np.testing.assert_allclose(np.where(np.isfinite(ref[1]), got[1], 0), np.where(np.isfinite(ref[1]), ref[1], 0),
                                atol=tol["out"] * 10, rtol=tol["out"])
-    for g_got, g_ref in zip(got[2], ref[2]):
+    for g_got, g_ref in zip(got[2], ref[2], strict=True):
         assert np.isfinite(np.asarray(g_got, np.float32)).all()
         np.testing.assert_allclose(np.asarray(g_got, np.float32), g_ref, atol=tol["grad"], rtol=tol["grad"])
 
@@ -125,7 +126,7 @@ def test_gqa_mqa_and_per_head_patterns():
         ref = run("reference", pattern, q, k, v, ct)
         got = run("xla", pattern, q, k, v, ct, block=16)
         np.testing.assert_allclose(got[0], ref[0], atol=1e-5, rtol=1e-5)
-        for a, b in zip(got[2], ref[2]):
+        for a, b in zip(got[2], ref[2], strict=True):
             np.testing.assert_allclose(a, b, atol=5e-5, rtol=5e-5)
 
 
@@ -140,7 +141,8 @@ def test_dispatch_and_input_errors():
     q, k, v, _ = qkv()
     assert sa.default_implementation("cpu") == "xla"
     out = sa.attention(q, k, v, P.causal(N))
-    np.testing.assert_allclose(out, sa.attention(q, k, v, P.causal(N), implementation="xla"), atol=0)
+    want = sa.resolve_implementation(P.causal(N))
+    np.testing.assert_allclose(out, sa.attention(q, k, v, P.causal(N), implementation=want), atol=0)
     with pytest.raises(ValueError, match="not an implementation of Intervals patterns"):
         sa.attention(q, k, v, P.causal(N), implementation="cuda-magic")
     with pytest.raises(ValueError, match="multiple of KV heads"):
@@ -153,3 +155,44 @@ def test_dispatch_and_input_errors():
         sa.attention(q.astype(jnp.int32), k, v, P.causal(N))
     with pytest.raises(ValueError, match="batch axis"):
         sa.attention(q, k, v, P.causal(N, valid_len=jnp.array([1, 2, 3])))
+
+
+def test_cpu_default_depends_on_the_pattern():
+    """The registry alone maps None to an executor: on CPU a dense Intervals (reach spanning the sequence) runs
+    "reference" (measured: sparse_attn/executors/reference.py), any other Intervals "xla"; accelerators "pallas"."""
+    dense, causal, window = P.dense(N), P.causal(N), P.sliding_window(N, 4, causal=True)
+    assert sa.default_implementation("cpu", pattern=dense) == "reference"
+    assert sa.default_implementation("cpu", pattern=causal) == "reference"
+    assert sa.default_implementation("cpu", pattern=window) == "xla"
+    assert sa.default_implementation("cpu", pattern=P.sliding_window(N, N - 1)) == "reference"  # spans: dense
+    assert sa.default_implementation("gpu", pattern=dense) == "pallas"
+    assert sa.default_implementation("cpu", P.BlockLayout) == "xla"
+    if jax.default_backend() == "cpu":
+        assert sa.resolve_implementation(dense) == "reference" and sa.resolve_implementation(window) == "xla"
+        assert sa.prepare(dense).implementation == "reference"
+    assert sa.resolve_implementation(dense, "xla") == "xla"
+    with pytest.raises(ValueError, match="not an implementation of Intervals patterns"):
+        sa.resolve_implementation(dense, "packed")
+
+
+def test_register_default_and_counterpart():
+    """Conditional defaults come first (newest first) for the patterns they accept; `counterpart` keeps a name the
+    pattern type has and falls back to its default otherwise."""
+    class Striped(P.Intervals):  # its own registration: the table of Intervals is not touched
+        pass
+
+    striped = Striped(**{f: getattr(P.dense(N), f) for f in ("lo", "hi", "causal", "reach")})
+    sa.register_executor(Striped, "xla", xla_attention, default_on="cpu")
+    assert registry.default(Striped, "cpu", striped) == "xla"
+    registry.register_default(Striped, "reference", on="cpu", when=lambda p: p.num_tokens > 8)
+    assert registry.default(Striped, "cpu", striped) == "reference"
+    assert registry.default(Striped, "cpu") == "xla"  # no pattern: the unconditional default
+    assert registry.default(Striped, "gpu", striped) == "xla"  # the portable choice, no rule for gpu
+    with pytest.raises(ValueError, match="register executor 'fast'"):
+        registry.register_default(Striped, "fast", on="cpu")
+    with pytest.raises(ValueError, match="platforms"):
+        registry.register_default(Striped, "xla", on="quantum")
+    nl = P.NeighbourList(jnp.zeros((1, 1, N, 1), jnp.int32), jnp.ones((1, 1, N, 1), bool))
+    assert registry.counterpart(nl, "reference") == "reference"
+    assert registry.counterpart(nl, "pallas", "gpu") == "xla"  # no kernel for neighbour lists: their default
+    assert registry.counterpart(nl, None, "cpu") == "xla"

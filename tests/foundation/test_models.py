@@ -15,12 +15,13 @@ from sparse_attn.modules import (
     AnchorAttentionConfig,
     BigBirdAttention,
     DenseAttention,
+    FixedAnchors,
     LabelAttentionConfig,
     LocalAttention,
     LongformerAttention,
     NoncrossingAttentionConfig,
 )
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, dense_keys_per_query, keys_per_query
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, keys_per_query
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.labels import BaseGraph, LabelPattern
@@ -42,6 +43,11 @@ def config(attention, **kw):
 
 def tokens(seed=0):
     return jax.random.randint(jax.random.PRNGKey(seed), (2, N), 0, V)
+
+
+def _dense_mask(attention, ctx) -> np.ndarray:
+    """The attention's pattern at length N under `ctx`, as its dense mask (built under jit, as in the model)."""
+    return np.asarray(jax.jit(lambda: attention.pattern(N, ctx).to_dense())())
 
 
 @pytest.mark.parametrize("name", sorted(BASELINES))
@@ -69,7 +75,7 @@ def test_lm_and_classifier_train_one_step(name):
         # The common statistics: the pattern's keys per valid query (its dense oracle), vs dense of the same causality.
         causal = model_cls is TransformerLM
         ctx = AttentionContext(valid_len=valid_len, causal=causal)
-        mask = np.asarray(jax.jit(lambda: BASELINES[name].pattern(N, ctx).to_dense())())
+        mask = _dense_mask(BASELINES[name], ctx)
         kpq = float(keys_per_query(mask.sum(-1), valid_len))
         dense = (N * (N + 1) / 2 + 20 * 21 / 2) / (N + 20) if causal else (N * N + 20 * 20) / (N + 20)
         assert set(stats) == {f"layer{i}/{k}" for i in (0, 1) for k in ("keys_per_query", "attn_flops_vs_dense")}
@@ -113,7 +119,7 @@ def test_classifier_ignores_padding():
 
 MECHANISMS = (
     *BASELINES.values(),
-    AnchorAttentionConfig(placement="fixed", interval=6, max_zone=8),
+    AnchorAttentionConfig(placement=FixedAnchors(interval=6), max_zone=8),
     LabelAttentionConfig(num_labels=8, radius=6, phase="hard"),
     NoncrossingAttentionConfig(num_route_layers=2),
 )

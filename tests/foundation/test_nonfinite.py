@@ -4,7 +4,6 @@ Every pattern type (Intervals with global tokens and label bits, BlockLayout, Ne
 ("reference", "xla", "pallas" in interpret mode, Triton and Mosaic kernels) against its own clean run.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -102,7 +101,7 @@ def _plant(x, where_BxN, values):
     """x with entries at the marked positions replaced, cycling through `values` (NaN, +inf, -inf ...)."""
     x = np.array(x)
     b, n = np.nonzero(where_BxN)
-    for t, (bi, ni) in enumerate(zip(b, n)):
+    for t, (bi, ni) in enumerate(zip(b, n, strict=True)):
         x[bi, ni, t % x.shape[2], t % x.shape[3]] = values[t % len(values)]
     return jnp.asarray(x)
 
@@ -123,7 +122,7 @@ def test_padding_never_reaches_valid_rows_and_gets_zero_gradient(name, impl):
     dirty = (_plant(q, pad, bad), _plant(k, pad, bad[1:] + bad[:1]), _plant(v, pad, bad), _plant(ct, pad, (np.nan,)))
     want = [np.asarray(x) for x in _run(q, k, v, ct, pattern, impl)]
     got = [np.asarray(x) for x in _run(*dirty, pattern, impl)]
-    for what, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+    for what, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want, strict=True):
         np.testing.assert_array_equal(g[~pad], w[~pad], err_msg=f"{what} at valid positions")
         if what in ("dq", "dk", "dv"):
             assert (g[pad] == 0).all(), f"{what} at padded positions"
@@ -171,8 +170,8 @@ def test_huge_logits_pallas_matches_reference():
     want = sa.attention(q, k, v, pattern, implementation="reference", return_lse=True)
     assert float(jnp.abs(want[1]).max()) > 1e10
     for impl in ("triton", "mosaic"):
-        got = jax.jit(lambda q, k, v: sa.attention(q, k, v, pattern, implementation="pallas", return_lse=True,
-                                                   **IMPLS[impl]))(q, k, v)  # fmt: skip
+        run = functools.partial(sa.attention, pattern=pattern, implementation="pallas", return_lse=True, **IMPLS[impl])
+        got = jax.jit(run)(q, k, v)
         np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=1e-5, err_msg=impl)
         # float32 logits of this size carry absolute errors of ~1e-7 of the largest (dot products of 1e10 terms)
         np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-6 * float(jnp.abs(want[1]).max()), err_msg=impl)

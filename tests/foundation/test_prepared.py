@@ -9,8 +9,8 @@ import pytest
 import sparse_attn
 from sparse_attn import patterns
 from sparse_attn.executors import registry
+from sparse_attn.executors.pallas import KernelMeta
 from sparse_attn.kernels import BlockSizes, KernelConfig
-from sparse_attn.kernels.vjp import KernelMeta
 from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern
 from sparse_attn.patterns.labels import bits
@@ -76,7 +76,7 @@ def test_prepared_equals_unprepared(case):
     assert np.all(np.isfinite(o1))
     np.testing.assert_array_equal(o1, o2)
     np.testing.assert_array_equal(l1, l2)
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert np.all(np.isfinite(a))
         np.testing.assert_array_equal(a, b)
 

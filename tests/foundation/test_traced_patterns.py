@@ -27,7 +27,7 @@ TOL = dict(out=1e-5, grad=5e-5)  # float32, as in test_executors
 def _inputs():
     ks = jax.random.split(jax.random.PRNGKey(0), 4)
     shapes = ((B, N, H, D), (B, N, G, D), (B, N, G, D), (B, N, H, D))
-    return tuple(jax.random.normal(key, s) for key, s in zip(ks, shapes))
+    return tuple(jax.random.normal(key, s) for key, s in zip(ks, shapes, strict=True))
 
 
 def _value_and_grads(make_pattern, impl, arrays, q, k, v, ct):
@@ -49,7 +49,7 @@ def _value_and_grads(make_pattern, impl, arrays, q, k, v, ct):
 
 def _assert_close(got, want):
     np.testing.assert_allclose(got[0], want[0], atol=TOL["out"], rtol=TOL["out"])
-    for g, w in zip(got[1], want[1]):
+    for g, w in zip(got[1], want[1], strict=True):
         np.testing.assert_allclose(g, w, atol=TOL["grad"], rtol=TOL["grad"])
 
 

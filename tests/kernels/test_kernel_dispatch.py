@@ -7,9 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import sparse_attn.kernels  # noqa: F401
 from sparse_attn.attention import attention, available_implementations, default_implementation
-from sparse_attn.kernels import BlockSizes, KernelConfig, metadata, pallas_attention
+from sparse_attn.kernels import BlockSizes, KernelConfig, metadata
 from sparse_attn.patterns.neighbours import NeighbourList
 from tests.kernels import cases
 

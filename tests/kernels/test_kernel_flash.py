@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sparse_attn.executors.pallas import pallas_attention
 from sparse_attn.executors.reference import reference_attention
-from sparse_attn.kernels import BlockSizes, KernelConfig, pallas_attention
+from sparse_attn.kernels import BlockSizes, KernelConfig
 from tests.kernels import cases
 
 TOL = {jnp.float32: 5e-5, jnp.bfloat16: 3e-2}  # absolute, on O(1) values; fixed per dtype

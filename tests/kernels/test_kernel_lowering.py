@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from sparse_attn.kernels import BlockSizes, KernelConfig, pallas_attention
+from sparse_attn.executors.pallas import pallas_attention
+from sparse_attn.kernels import BlockSizes, KernelConfig
 from tests.kernels import cases
 
 _TRITON_CALL = "__gpu$xla.gpu.triton"

@@ -7,7 +7,8 @@ import jax.extend
 import jax.numpy as jnp
 import pytest
 
-from sparse_attn.kernels import BlockSizes, KernelConfig, flash_gpu, pallas_attention, smem
+from sparse_attn.executors.pallas import pallas_attention
+from sparse_attn.kernels import BlockSizes, KernelConfig, flash_gpu, smem
 from tests.kernels import cases
 
 DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)

@@ -12,7 +12,7 @@ from label_oracles import outputs_and_grads
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach, fallback_reaches
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import LabelAttentionConfig
+from sparse_attn.modules.labels import LabelAttentionConfig, LabelCapacity, LabelRouterConfig
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.pattern import LabelPattern
@@ -96,7 +96,8 @@ def test_tiers_reach_the_window_and_the_narrowest_sufficient_one_runs():
 def test_module_hard_phase_with_a_collapsed_router_equals_the_reference_path(causal):
     n, dm, heads = 64, 16, 2
     cfg = LabelAttentionConfig(
-        num_labels=16, top_k=2, radius=40, landmark_every=10, router_hidden=8, phase="hard", block=8, rope_base=None
+        num_labels=16, top_k=2, radius=40, landmark_every=10, phase="hard", rope_base=None,
+        router=LabelRouterConfig(hidden=8), capacity=LabelCapacity(block=8),
     )
     module = cfg.make(dm, heads, rngs=nnx.Rngs(0))
     # Collapse the router: label 0 always wins and label 1 wins the tie among the rest, for every token.

@@ -12,7 +12,13 @@ from label_oracles import outputs_and_grads
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach, fallback_reaches
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import LabelAttentionConfig, calibrate_reach, label_stats
+from sparse_attn.modules.labels import (
+    LabelAttentionConfig,
+    LabelCapacity,
+    LabelRouterConfig,
+    calibrate_reach,
+    label_stats,
+)
 from sparse_attn.modules.labels.calibrate import capacity_for, label_layers
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels.base_graph import BaseGraph
@@ -34,7 +40,7 @@ def test_capacity_for_rounds_up_with_margin_and_stops_at_the_radius():
 @pytest.mark.parametrize("reach", [-1, 2.0, True, "8"])
 def test_config_rejects_a_bad_reach(reach):
     with pytest.raises(ValueError, match="reach"):
-        LabelAttentionConfig(reach=reach)
+        LabelCapacity(reach=reach)
 
 
 def test_executor_reports_the_tier_it_ran():
@@ -62,8 +68,8 @@ def test_label_stats_file_the_capacity_figures():
 
 
 def _module(router: str, causal: bool, reach=None):
-    cfg = LabelAttentionConfig(num_labels=16, top_k=2, radius=40, landmark_every=10, router_hidden=8, phase="hard",
-                               block=8, rope_base=None, reach=reach)  # fmt: skip
+    cfg = LabelAttentionConfig(num_labels=16, top_k=2, radius=40, landmark_every=10, phase="hard", rope_base=None,
+                               router=LabelRouterConfig(hidden=8), capacity=LabelCapacity(block=8, reach=reach))
     module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
     kernel = module.router.out.kernel[...]
     if router == "collapsed":  # label 0 always wins and label 1 wins the tie among the rest: one label for all

@@ -12,7 +12,14 @@ from flax import nnx
 
 from sparse_attn.models.transformer import TransformerConfig, TransformerLM
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import INFERENCE_STEP, LabelAttentionConfig, label_stats
+from sparse_attn.modules.labels import (
+    INFERENCE_STEP,
+    LabelAttentionConfig,
+    LabelCapacity,
+    LabelRouterConfig,
+    LabelSchedule,
+    label_stats,
+)
 from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS
 from sparse_attn.patterns.labels import bits as B
 from sparse_attn.patterns.labels import losses, schedule
@@ -20,8 +27,9 @@ from sparse_attn.patterns.labels import losses, schedule
 N, DM, HEADS = 32, 16, 2
 # 40 steps: soft 0-9, ramp 10-19, straight-through 20-29, hard from 30.
 CFG = LabelAttentionConfig(
-    num_labels=6, top_k=2, radius=5, landmark_every=8, router_hidden=8, num_steps=40, soft_frac=0.25, ramp_frac=0.25,
-    straight_through_frac=0.25, anneal_frac=0.25, block=8, soft_block=8, z_loss_weight=1e-3, rope_base=None,
+    num_labels=6, top_k=2, radius=5, landmark_every=8, rope_base=None,
+    schedule=LabelSchedule(num_steps=40, soft=0.25, ramp=0.25, straight_through=0.25, anneal=0.25),
+    router=LabelRouterConfig(hidden=8, z_loss_weight=1e-3), capacity=LabelCapacity(block=8, soft_block=8),
 )  # fmt: skip
 
 
@@ -57,7 +65,7 @@ def test_phases_router_gradients_and_causality(causal):
         aux_norm = sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(aux_grad))
         if name != "hard":  # the hard phase's top-k has no gradient; the router learns in soft / ST phases
             assert norm > 0 and aux_norm > 0, name
-        else:  # ... and the router losses do not move it there either (freeze_router_when_hard)
+        else:  # ... and the router losses do not move it there either (router.freeze_when_hard)
             assert norm == 0 and aux_norm == 0
         leak = np.abs(np.asarray(dx)[0, N // 2 + 1 :]).max()
         if causal:
@@ -116,31 +124,35 @@ def test_ramp_moves_the_forward_to_the_hard_pattern_before_the_switch():
     thin, dropped = trace(CFG)
     assert thin[switch] < 0.1 and dropped[switch] < 0.01 and dropped[-1] == 0.0
     assert dropped[0] > 0.1 and np.max(-np.diff(dropped)) < 0.3 * dropped[0]
-    no_ramp, _ = trace(LabelAttentionConfig(**{**CFG.__dict__, "ramp_frac": 0.0, "straight_through_frac": 0.5}))
+    no_ramp, _ = trace(dataclasses.replace(CFG, schedule=dataclasses.replace(CFG.schedule, ramp=0.0,
+                                                                              straight_through=0.5)))
     assert no_ramp.max() > 0.9
 
 
 def test_schedule_scales_to_the_run_and_says_when_it_is_cut_short():
-    cfg = LabelAttentionConfig(num_labels=4, top_k=1, radius=3, block=8, soft_block=8)
+    cfg = LabelAttentionConfig(num_labels=4, top_k=1, radius=3, capacity=LabelCapacity(block=8, soft_block=8))
     module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
     assert module.fit_schedule(1000) == []
     steps = module.phase_steps()
     assert (steps.soft, steps.ramp, steps.straight_through, steps.anneal) == (300, 200, 300, 300)
     notes = module.fit_schedule(2)  # 0.2 of 2 steps: the ramp rounds to 0; hard starts at 2, the end
     assert any("ramp phase" in n and "0 steps" in n for n in notes) and any("hard phase" in n for n in notes)
-    fixed = LabelAttentionConfig(**{**cfg.__dict__, "num_steps": 5000}).make(DM, HEADS, rngs=nnx.Rngs(0))
+    fixed = dataclasses.replace(cfg, schedule=LabelSchedule(num_steps=5000)).make(DM, HEADS, rngs=nnx.Rngs(0))
     notes = fixed.fit_schedule(1000)  # the config's own length wins; the run ends in the soft phase
     assert fixed.phase_steps().soft == 1500 and any("straight_through phase starts at step 2500" in n for n in notes)
-    absolute = LabelAttentionConfig(**{**cfg.__dict__, "soft_steps": 40, "straight_through_steps": 20})
+    # Phase lengths fixed in steps whatever the run's length: fractions of a fixed num_steps (the 60 steps of soft
+    # 40 + straight-through 20; τ anneals over the soft phase).
+    absolute = dataclasses.replace(cfg, schedule=LabelSchedule(num_steps=60, soft=40 / 60, ramp=0.0,
+                                                               straight_through=20 / 60, anneal=40 / 60))
     fitted = absolute.make(DM, HEADS, rngs=nnx.Rngs(0))
     assert fitted.fit_schedule(50) == ["the hard phase starts at step 60, at or after the run's end (50)"]
     assert fitted.phase_steps() == schedule.Schedule(soft=40, ramp=0, straight_through=20, anneal=40)
     unfitted = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
-    assert unfitted.phase_steps() == cfg.phase_steps(DEFAULT_NUM_STEPS)
+    assert unfitted.phase_steps() == cfg.schedule.phase_steps(DEFAULT_NUM_STEPS)
     with pytest.raises(ValueError, match="exceed 1"):
-        LabelAttentionConfig(soft_frac=0.6, ramp_frac=0.3, straight_through_frac=0.2)
+        LabelSchedule(soft=0.6, ramp=0.3, straight_through=0.2)
     with pytest.raises(ValueError, match="membership"):
-        LabelAttentionConfig(membership="softmax")
+        LabelRouterConfig(membership="softmax")
 
 
 def test_pinned_phase_config_errors_and_model_plug_in():
@@ -153,11 +165,12 @@ def test_pinned_phase_config_errors_and_model_plug_in():
     with pytest.raises(ValueError, match="phase"):
         LabelAttentionConfig(phase="warm")
     with pytest.raises(ValueError, match="balance"):
-        LabelAttentionConfig(balance="l2")
+        LabelRouterConfig(balance="l2")
     cfg = TransformerConfig(
         vocab_size=16, model_dim=DM, num_heads=HEADS, num_layers=2, mlp_dim=32,
-        attention=(CFG, LabelAttentionConfig(num_labels=4, top_k=1, radius=3, phase="hard", per_head_labels=True,
-                                             balance="switch", block=8)),
+        attention=(CFG, LabelAttentionConfig(num_labels=4, top_k=1, radius=3, phase="hard",
+                                             router=LabelRouterConfig(per_head=True, balance="switch"),
+                                             capacity=LabelCapacity(block=8))),
     )  # fmt: skip
     model = TransformerLM(cfg, rngs=nnx.Rngs(1))
     tokens = jnp.arange(N, dtype=jnp.int32)[None] % 16
@@ -212,13 +225,14 @@ def test_statistics_are_exact():
 
 
 def test_router_input_gradient_off_keeps_the_router_learning_and_the_residual_stream_unmoved():
-    """router_input_gradient=False: same forward, the router still gets the task's and its losses' gradients, but
+    """router.input_gradient=False: same forward, the router still gets the task's and its losses' gradients, but
     none of them reaches x (the aux losses' dx is exactly 0; the output's dx drops the router's share)."""
     x = _x(3)
     ctx = AttentionContext(valid_len=jnp.asarray([N]), step=jnp.int32(25), causal=True)  # straight-through
     ys, dx_aux, dx_out = {}, {}, {}
     for flag in (True, False):
-        module = dataclasses.replace(CFG, router_input_gradient=flag).make(DM, HEADS, rngs=nnx.Rngs(0))
+        router = dataclasses.replace(CFG.router, input_gradient=flag)
+        module = dataclasses.replace(CFG, router=router).make(DM, HEADS, rngs=nnx.Rngs(0))
         out, router_grad, dx, aux_grad = _output_and_grads(module, x, jnp.int32(25), True)
         assert sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(router_grad)) > 0
         assert sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree.leaves(aux_grad)) > 0

@@ -7,14 +7,15 @@ import pytest
 
 from sparse_attn.data import eval_batches
 from sparse_attn.models import TransformerConfig, TransformerLM
-from sparse_attn.modules.labels import LabelAttentionConfig
+from sparse_attn.modules.labels import LabelAttentionConfig, LabelCapacity, LabelRouterConfig, LabelSchedule
 from sparse_attn.train import TrainConfig, read_metrics, train_and_evaluate
 
 # 4 steps: soft (state step 0), ramp (1), straight-through (2), hard from 3. num_steps fixed in the config, so the
 # resumed run below (5 steps) keeps the schedule. The hard phase runs the dense reference executor: what is tested
 # is which phase runs, not the executor (test_label_module.py checks both agree), and the bucketed executor's band
 # tiers took a quarter of this test's time to compile.
-ATT = LabelAttentionConfig(num_labels=4, top_k=1, radius=4, router_hidden=8, block=8, soft_block=8, num_steps=4,
+ATT = LabelAttentionConfig(num_labels=4, top_k=1, radius=4, router=LabelRouterConfig(hidden=8),
+                           capacity=LabelCapacity(block=8, soft_block=8), schedule=LabelSchedule(num_steps=4),
                            implementation="reference")
 MODEL = TransformerConfig(vocab_size=256, model_dim=16, num_heads=2, num_layers=1, mlp_dim=32, attention=(ATT,))
 DATA = np.frombuffer(b"label attention evaluates in the phase it trained in. " * 8, np.uint8)

@@ -14,7 +14,7 @@ from flax import nnx
 
 from sparse_attn.executors.labels.bucketed import bucketed_attention
 from sparse_attn.modules.base import AttentionContext
-from sparse_attn.modules.labels import LabelAttentionConfig
+from sparse_attn.modules.labels import LabelAttentionConfig, LabelRouterConfig, LabelSchedule
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import losses, soft
@@ -112,8 +112,9 @@ def test_soft_attention_isolates_nonfinite_values(mode):
 
 def test_module_ignores_nonfinite_hidden_states_at_padding_in_every_phase():
     cfg = LabelAttentionConfig(
-        num_labels=L, top_k=K, radius=5, landmark_every=9, num_steps=4, soft_frac=0.25, ramp_frac=0.25,
-        straight_through_frac=0.25, z_loss_weight=0.1,
+        num_labels=L, top_k=K, radius=5, landmark_every=9,
+        schedule=LabelSchedule(num_steps=4, soft=0.25, ramp=0.25, straight_through=0.25),
+        router=LabelRouterConfig(z_loss_weight=0.1),
     )  # fmt: skip
     module = cfg.make(16, 2, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.PRNGKey(2), (B, N, 16))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn.modules.labels import LabelAttentionConfig
+from sparse_attn.modules.labels import LabelAttentionConfig, LabelCapacity
 from sparse_attn.modules.labels.core import label_core
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 
@@ -15,7 +15,7 @@ N, L, RADIUS, CELL, EVERY = 48, 6, 7, 4, 16
 
 def _cfg(**kw):
     return LabelAttentionConfig(num_labels=L, top_k=2, radius=RADIUS, landmark_every=EVERY, position_cell=CELL,
-                                block=16, soft_block=16, rope_base=None, **kw)
+                                capacity=LabelCapacity(block=16, soft_block=16), rope_base=None, **kw)
 
 
 @jax.jit(static_argnames=("cfg", "base"))

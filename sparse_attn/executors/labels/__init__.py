@@ -1,6 +1,8 @@
 """Executors of label attention's `LabelPattern`: "bucketed" (label buckets with a log-sum-exp merge,
 `bucketed.py`), "xla" and "pallas" (the window `Intervals` carrying the label bits: the generic
 band gather and the Pallas kernels' in-tile label test), "reference" (the registry's oracle). See docs/labels.md.
+`pallas.py` runs the buckets through the Pallas kernels in bucket-entry space ("bucketed_pallas", registered by
+`sparse_attn.executors` on import).
 
 `soft.py` holds the soft and straight-through label attention of the training phases (memberships in, not a
 pattern: the label module calls it directly).

@@ -11,10 +11,12 @@ summary p gathers with its own query (the anchor's q through `summary_wq[p - 1]`
 of the other anchors, and stage 3's rows read it as one more key/value of each anchor they hold (merged with the
 stage's own softmax through its log-sum-exp). Summary 0 is the seed's anchor state, and the anchors' output.
 
-Stages 1 and 3 are `ZonePattern`s run by `sparse_attn.attention` with the chosen implementation: None (the
-platform default, "packed"), "packed" (key-major anchor gather, zones packed in slots; the handshake on anchors in
-rank space, in pages), "xla" / "pallas" (the stages' Intervals through the block-gather XLA executor / the Pallas
-kernels; the handshake as a neighbour list through the XLA gather) or "reference" (dense oracle). All compute the
+Stages 1 and 3 are `ZonePattern`s run by `sparse_attn.attention` with the chosen implementation, the one executor
+choice of the core: None (the registry's default for the ZonePattern, "packed"), "packed" (key-major anchor gather,
+zones packed in slots; the handshake on anchors in rank space, in pages), "xla" / "pallas" (the stages' Intervals
+through the block-gather XLA executor / the Pallas kernels) or "reference" (dense oracle). Outside "packed" the
+handshake is a position-space `NeighbourList`, run by the registry's counterpart of that choice (the same name where
+neighbour lists have it: "xla", "reference"; else their default: "pallas" has no kernel for them). All compute the
 same function.
 """
 
@@ -25,7 +27,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.attention import attention, available_implementations, default_implementation
+from sparse_attn.attention import attention, available_implementations, resolve_implementation
+from sparse_attn.executors import registry
 from sparse_attn.executors.abca import anchors
 from sparse_attn.executors.abca import packed as abca_packed
 from sparse_attn.executors.abca.anchors import AnchorProjections
@@ -34,7 +37,6 @@ from sparse_attn.patterns import abca
 from sparse_attn.patterns.abca import ZonePattern
 from sparse_attn.patterns.abca.handshake import anchor_positions
 from sparse_attn.patterns.abca.zones import Zones
-from sparse_attn.patterns.neighbours import NeighbourList
 
 
 def check_options(
@@ -147,9 +149,9 @@ def run_abca_core(
 ) -> tuple[jax.Array, dict]:
     """`abca_core` on inputs that are valid by construction: the layer, whose config checked the options once
     (`check_options` in `AnchorAttentionConfig`) and whose projections and zones have the right shapes."""
-    impl = implementation or default_implementation(None, ZonePattern)
     q, k, v = q_BxNxHxD, k_BxNxGxD, v_BxNxGxD
     zones = opaque_zones(zones)
+    impl = resolve_implementation(ZonePattern(zones, stage="gather", causal=causal, max_zone=max_zone), implementation)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     gate = jnp.ones(zones.is_anchor.shape, jnp.float32) if gate_BxN is None else gate_BxN
     width = (slot_width or max_zone) if impl == "packed" else None
@@ -226,13 +228,14 @@ def opaque_zones(zones: Zones) -> Zones:
 
 
 def _positional_handshake(s, zones, proj, *, groups, impl, causal, handshake, steps, max_anchors, scale):
-    """The handshake as a position-space neighbour list (no kernel for K <= 3 rows: "pallas" runs its default)."""
-    hs_impl = impl if impl in available_implementations(NeighbourList) else None
+    """The handshake as a position-space neighbour list, run by the registry's counterpart of the stages' executor
+    (no kernel for K <= 3 rows: "pallas" runs the neighbour lists' default)."""
     pos = jnp.broadcast_to(jnp.arange(zones.num_tokens, dtype=jnp.int32)[None], zones.is_anchor.shape)
     if handshake == "chain":
         hs = abca.chain_handshake(zones, causal=causal)
     else:
         hs, _ = abca.global_handshake(zones, max_anchors=max_anchors, causal=causal)
+    hs_impl = registry.counterpart(hs, impl)
     for _ in range(steps):
         qkv = (proj.query(s, pos), proj.key(s, pos), proj.value(s, pos))
         s = s + attention(*qkv, hs, implementation=hs_impl, scale=scale)

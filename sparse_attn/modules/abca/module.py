@@ -7,10 +7,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sparse_attn.executors.abca.anchors import AnchorProjections
-from sparse_attn.modules.abca.config import AnchorAttentionConfig
+from sparse_attn.modules.abca.config import AnchorAttentionConfig, ExplicitAnchors, FixedAnchors, LearnedAnchors
 from sparse_attn.modules.abca.core import run_abca_core
 from sparse_attn.modules.abca.stats import abca_stats
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, register_module
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.patterns import abca
 
 
@@ -35,37 +35,37 @@ class AnchorAttention(nnx.Module):
             summary_init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
             self.summary_wq = nnx.Param(summary_init(rngs.params(), (extra, h, d, d)))
         self.score = nnx.data(None)
-        if config.placement == "learned":
-            self.score = nnx.data(
-                nnx.Linear(model_dim, 1, bias_init=nnx.initializers.constant(config.score_bias_init), rngs=rngs)
-            )
+        if isinstance(config.placement, LearnedAnchors):
+            bias_init = nnx.initializers.constant(config.placement.score_bias_init)
+            self.score = nnx.data(nnx.Linear(model_dim, 1, bias_init=bias_init, rngs=rngs))
 
     def _placement(self, x_BxNxD, ctx: AttentionContext, anchor_mask):
-        cfg = self.config
+        cfg, place = self.config, self.config.placement
         b, n = x_BxNxD.shape[:2]
         scores = aux = None
-        if cfg.placement == "explicit":
+        if isinstance(place, ExplicitAnchors):
             if anchor_mask is not None:
                 raw = abca.explicit_anchors(anchor_mask)
                 if raw.shape != (b, n):
                     raise ValueError(f"anchor_mask {raw.shape} does not match the input's [B, N] = {(b, n)}")
-            elif ctx.tokens is not None and cfg.anchor_id is not None:
+            elif ctx.tokens is not None and place.anchor_id is not None:
                 if ctx.tokens.shape != (b, n):
                     raise ValueError(f"ctx.tokens {ctx.tokens.shape} does not match the input's [B, N] = {(b, n)}")
-                raw = abca.explicit_anchors(tokens_BxN=ctx.tokens, anchor_id=cfg.anchor_id, vocab_size=cfg.vocab_size)
+                raw = abca.explicit_anchors(tokens_BxN=ctx.tokens, anchor_id=place.anchor_id,
+                                            vocab_size=place.vocab_size)
             else:
-                raise ValueError("explicit placement needs anchor_mask, or ctx.tokens and config.anchor_id")
-        elif cfg.placement == "fixed":
-            raw = abca.fixed_interval_anchors(b, n, cfg.interval)
+                raise ValueError("explicit placement needs anchor_mask, or ctx.tokens and placement.anchor_id")
+        elif isinstance(place, FixedAnchors):
+            raw = abca.fixed_interval_anchors(b, n, place.interval)
         else:
             scores = self.score(x_BxNxD)[..., 0].astype(jnp.float32)  # a per-token head: placement stays causal
             raw = abca.learned_anchors(scores)
-            if cfg.boundary_ids and ctx.tokens is not None:
-                target = jnp.isin(ctx.tokens, jnp.asarray(cfg.boundary_ids, ctx.tokens.dtype))
-                aux = cfg.placement_loss_weight * abca.placement_loss(scores, target, ctx.valid_len)
+            if place.boundary_ids and ctx.tokens is not None:
+                target = jnp.isin(ctx.tokens, jnp.asarray(place.boundary_ids, ctx.tokens.dtype))
+                aux = place.loss_weight * abca.placement_loss(scores, target, ctx.valid_len)
         is_anchor, inserted = abca.enforce_zone_cap(raw, ctx.valid_len, cfg.max_zone)
         gate = None
-        if scores is not None and cfg.straight_through:
+        if scores is not None and place.straight_through:
             gate = abca.straight_through_gate(scores, is_anchor)
         return is_anchor, inserted, gate, aux
 
@@ -118,5 +118,3 @@ class AnchorAttention(nnx.Module):
         aux_losses = {} if aux is None else {"placement": aux}
         return AttentionOutput(y=y, aux_losses=aux_losses, stats=stats)
 
-
-register_module(AnchorAttentionConfig, AnchorAttention)

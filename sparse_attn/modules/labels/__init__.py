@@ -2,7 +2,7 @@
 
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.modules.labels.calibrate import calibrate_reach
-from sparse_attn.modules.labels.config import LabelAttentionConfig
+from sparse_attn.modules.labels.config import LabelAttentionConfig, LabelCapacity, LabelRouterConfig, LabelSchedule
 from sparse_attn.modules.labels.core import label_core
 from sparse_attn.modules.labels.module import DEFAULT_NUM_STEPS, LabelAttention
 from sparse_attn.modules.labels.router import LabelRouter
@@ -14,7 +14,10 @@ __all__ = [
     "INFERENCE_STEP",
     "LabelAttention",
     "LabelAttentionConfig",
+    "LabelCapacity",
     "LabelRouter",
+    "LabelRouterConfig",
+    "LabelSchedule",
     "calibrate_reach",
     "label_core",
     "label_stats",

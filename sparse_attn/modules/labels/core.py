@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from sparse_attn.attention import attention, default_implementation
+from sparse_attn.attention import attention, resolve_implementation
 from sparse_attn.executors.labels.bucketed import default_reach
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.patterns.labels import bits as bits_lib
@@ -40,22 +40,23 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
                reach: int | None = None):
     """Attention output [B, N, H, D] and aux: keys / hard_keys int32[B, P, N], overflow, needed, tier, reach, p,
     labels, tau, phase, hard_weight, dropped float32[B, P, N], r (the routing logits the router losses take: without
-    gradient in the hard phase under `cfg.freeze_router_when_hard`).
+    gradient in the hard phase under `cfg.router.freeze_when_hard`).
 
-    `cfg`: a `LabelAttentionConfig`; `steps`: its phase lengths for this run (default: for the config's
+    `cfg`: a `LabelAttentionConfig`; `steps`: its phase lengths for this run (default: for its schedule's
     `num_steps`, else `schedule.DEFAULT_NUM_STEPS`). The phase follows `cfg.phase` (or the step, under "schedule":
     one `lax.switch`, so a jitted train step never recompiles when the phase changes).
     `keys`: what each query attends in this forward (soft: every edge of H, weighted; ramp: those the thinning
     keeps; straight-through and hard: the hard pattern); `hard_keys`: the hard pattern's keys (self included).
     `overflow`: hard-phase bucket entries whose range exceeded the planned reach (they ran a wider band tier,
     exactly); `needed`: the widest reach a block needed; `tier`: the band tier that ran (0: the planned band; 0
-    outside the hard phase); `reach`: the planned reach — the argument (a calibrated capacity), else `cfg.reach`,
-    else `default_reach` for balanced buckets (`planned_reach`).
+    outside the hard phase); `reach`: the planned reach — the argument (a calibrated capacity), else
+    `cfg.capacity.reach`, else `default_reach` for balanced buckets (`planned_reach`).
     `dropped`: the forward's attention weight on edges the hard pattern drops (soft and ramp; 0 afterwards).
     """
     n = q.shape[1]
-    steps = cfg.phase_steps(cfg.num_steps or schedule.DEFAULT_NUM_STEPS) if steps is None else steps
-    tau = schedule.temperature(step, tau_start=cfg.tau_start, tau_end=cfg.tau_end, anneal_steps=steps.anneal)
+    steps = cfg.schedule.phase_steps() if steps is None else steps
+    tau = schedule.temperature(step, tau_start=cfg.schedule.tau_start, tau_end=cfg.schedule.tau_end,
+                               anneal_steps=steps.anneal)
     if cfg.phase == "schedule":
         idx = schedule.phase(step, soft_steps=steps.soft, ramp_steps=steps.ramp,
                              straight_through_steps=steps.straight_through)
@@ -63,11 +64,11 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     else:
         idx = jnp.int32(schedule.PHASES[cfg.phase])
         alpha = jnp.float32(0.0)
-    if cfg.freeze_router_when_hard:
+    if cfg.router.freeze_when_hard:
         # The hard phase's top-k has no task gradient; the router losses alone would still move the router, and the
         # pattern with it, with no regard for the task (docs/labels.md, "Phase transitions"): frozen there.
         r_BxPxNxL = jnp.where(idx == schedule.HARD, jax.lax.stop_gradient(r_BxPxNxL), r_BxPxNxL)
-    p = memberships(r_BxPxNxL, tau, kind=cfg.membership, top_k=cfg.top_k)
+    p = memberships(r_BxPxNxL, tau, kind=cfg.router.membership, top_k=cfg.top_k)
     labels = bits_lib.top_k_labels(jax.lax.stop_gradient(r_BxPxNxL), cfg.top_k)
     # The pattern's labels: the router's, plus the position labels that keep near pairs (patterns/labels/position.py).
     # The router's losses and statistics see its own labels and memberships only (aux p, labels).
@@ -81,7 +82,7 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
     def soft_like(mode):
         def run():
             straight = (idx == schedule.STRAIGHT_THROUGH) if mode == "either" else None
-            kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.soft_block)
+            kw = dict(base=base, mode=mode, eps=cfg.eps, valid_len=valid_len, block=cfg.capacity.soft_block)
             seed = step if cfg.ramp_thinning and mode != "straight_through" else None  # soft rows only
             o, _, info = soft_label_attention(q, k, v, p_all, bits, hard_weight=alpha, thin_seed=seed,
                                               straight_through=straight, **kw)
@@ -108,24 +109,24 @@ def label_core(q, k, v, r_BxPxNxL, cfg, base: BaseGraph, *, step, valid_len, ste
 
 
 def planned_reach(cfg, n: int) -> int:
-    """The hard phase's planned band reach for length n: `cfg.reach` when set, else `default_reach` (balanced
-    buckets, `cfg.reach_factor`)."""
-    if cfg.reach is not None:
-        return cfg.reach
-    reach = default_reach(n, BaseGraph(radius=cfg.radius), cfg.num_labels, cfg.top_k, cfg.reach_factor)
+    """The hard phase's planned band reach for length n: `cfg.capacity.reach` when set, else `default_reach`
+    (balanced buckets, `cfg.capacity.reach_factor`)."""
+    if cfg.capacity.reach is not None:
+        return cfg.capacity.reach
+    reach = default_reach(n, BaseGraph(radius=cfg.radius), cfg.num_labels, cfg.top_k, cfg.capacity.reach_factor)
     # A position label's bucket entries are runs of one cell: its ranges need up to `position_cell` entries.
     return max(reach, min(-(-cfg.position_cell // 8) * 8, n)) if cfg.position_cell else reach
 
 
 def hard_attention(q, k, v, labels_BxPxNxK, bits, num_labels: int, cfg, base: BaseGraph, valid_len, reach: int):
-    """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the platform's default for
-    `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed, tier). Executors without diagnostics
+    """The hard phase through `sparse_attn.attention` with `cfg.implementation` (None: the registry's default for
+    the `LabelPattern`, "bucketed"): (out, keys int32[B, P, N], overflow, needed, tier). Executors without diagnostics
     ("reference", "xla", "pallas") report keys from the pattern and no band overflow (tier 0). `bits`: the labels
     packed (`bits.pack_labels`), already built by the core; `num_labels`: how many labels they number (the router's,
     plus the position labels when `cfg.position_cell`)."""
     pattern = LabelPattern(bits, valid_len, base, labels_BxPxNxK, num_labels)
-    impl = cfg.implementation or default_implementation(None, LabelPattern)
-    opts = dict(block=cfg.block, reach=reach) if impl == "bucketed" else {}
+    impl = resolve_implementation(pattern, cfg.implementation)
+    opts = dict(block=cfg.capacity.block, reach=reach) if impl == "bucketed" else {}
     o, info = attention(q, k, v, pattern, implementation=impl, return_aux=True, **opts)
     shape = labels_BxPxNxK.shape[:3]
     keys = info["keys"] if "keys" in info else jnp.broadcast_to(key_counts(pattern)[0], shape)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, register_module
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections
 from sparse_attn.modules.noncrossing import core as nc_core
 from sparse_attn.modules.noncrossing.config import NoncrossingAttentionConfig
 from sparse_attn.modules.noncrossing.scorer import PairScorer
@@ -89,5 +89,3 @@ class NoncrossingAttention(nnx.Module):
         o, st = self.core(x_BxNxD, q, k, v, valid_len)
         return AttentionOutput(y=self.proj.out(o), stats=jax.tree.map(jax.lax.stop_gradient, st))
 
-
-register_module(NoncrossingAttentionConfig, NoncrossingAttention)

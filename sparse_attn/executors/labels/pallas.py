@@ -22,10 +22,10 @@ import jax.numpy as jnp
 from sparse_attn.executors.labels import check_labels
 from sparse_attn.executors.labels.bucketed import bucket_layouts, combine_sequence
 from sparse_attn.executors.labels.heads import merge_heads, split_heads
+from sparse_attn.executors.pallas import KernelMeta, pallas_attention, prepare_pallas
 from sparse_attn.executors.registry import register_executor
 from sparse_attn.executors.softmax import finite_rows
 from sparse_attn.kernels.config import KernelConfig
-from sparse_attn.kernels.vjp import KernelMeta, pallas_attention, prepare_pallas
 from sparse_attn.patterns.intervals import Intervals
 from sparse_attn.patterns.labels import counts
 from sparse_attn.patterns.labels.buckets import BucketLayout

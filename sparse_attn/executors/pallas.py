@@ -1,10 +1,15 @@
-"""The "pallas" executor: metadata (built here, or once by `prepare_pallas`), padding, `jax.custom_vjp` around the
-kernels, global rows.
+"""The "pallas" executor of `Intervals` and `BlockLayout`: the Pallas block-sparse flash kernels (`sparse_attn.kernels`:
+Triton for GPU, Mosaic for TPU, interpret mode on CPU) wrapped as an executor. Metadata (built here, or once by
+`prepare_pallas` through `sparse_attn.prepare`), padding, `jax.custom_vjp` around the kernels, global rows; the
+default on GPU/TPU (XLA stays the CPU default). `implementation="pallas"` on CPU runs the Triton kernels with
+`interpret=True` (see `KernelConfig`). Neighbour lists have no kernel (docs/kernels.md, "Decisions").
+`executors/labels/pallas.py` runs label attention's `LabelPattern` through the same kernels ("bucketed_pallas").
 
 Global query rows (Longformer/BigBird "attend everything" rows) are not computed in the kernels: the tile lists are
 built with `global_rows=False` and the XLA executor's dense pass over at most `max_global` rows per sequence
 (`executors.xla.global_rows`) overwrites them afterwards (autodiff handles that pass; overwritten rows send zero
-cotangent into the kernels).
+cotangent into the kernels). `KernelConfig(backward="xla")` differentiates the XLA executor instead of running the
+backward kernels (`xla_backward`, the reference backward).
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import zero_empty_rows
-from sparse_attn.executors.xla import global_positions, global_rows
+from sparse_attn.executors.xla import global_positions, global_rows, xla_attention
 from sparse_attn.kernels import backward as bwd_lib
 from sparse_attn.kernels import flash_gpu, flash_tpu, metadata
 from sparse_attn.kernels.config import KernelConfig
+from sparse_attn.patterns.block_layout import BlockLayout
+from sparse_attn.patterns.intervals import Intervals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +152,7 @@ def _flash_bwd(static, res, cotangents):
     q, k, v, out, lse, meta, lists_b, parts = res
     do, dlse = cotangents
     if static.cfg.backward == "xla":
-        dq, dk, dv = bwd_lib.xla_backward(q, k, v, do, dlse, parts, static.n, static.scale)
+        dq, dk, dv = xla_backward(q, k, v, do, dlse, parts, static.n, static.scale)
     else:
         bwd_caps = None if static.caps is None else static.caps[2:]
         dq, dk, dv = bwd_lib.pallas_backward(
@@ -154,3 +162,21 @@ def _flash_bwd(static, res, cotangents):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def xla_backward(q, k, v, do, dlse, pattern, n, scale):
+    """Autodiff of the XLA executor (the reference backward).
+
+    Its rule differs from the kernels' only on global query rows, whose cotangent is zero here (the global-row pass
+    overwrites them after the kernels), so it is the exact gradient of the kernels' forward.
+    """
+    cut = lambda x: x[:, :n]  # noqa: E731
+    f = lambda q_, k_, v_: xla_attention(q_, k_, v_, pattern, scale)  # noqa: E731
+    _, vjp = jax.vjp(f, cut(q), cut(k), cut(v))
+    grads = vjp((cut(do), jnp.swapaxes(dlse, 1, 2)[:, :n]))
+    pad = ((0, 0), (0, q.shape[1] - n), (0, 0), (0, 0))
+    return tuple(jnp.pad(x, pad) for x in grads)
+
+
+registry.register_executor(Intervals, "pallas", pallas_attention, default_on=("gpu", "tpu"), prepare=prepare_pallas)
+registry.register_executor(BlockLayout, "pallas", pallas_attention, default_on=("gpu", "tpu"), prepare=prepare_pallas)
