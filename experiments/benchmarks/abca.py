@@ -73,7 +73,7 @@ def measure_core(name, impl, n, heads, mask, max_zone, args) -> benchlib.Row:
     fwd = jax.jit(lambda q, k, v, w, a: core(q, k, v, w, a)[0])
     fb = jax.jit(jax.grad(lambda q, k, v, w, a, ct: jnp.sum(core(q, k, v, w, a)[0] * ct), argnums=(0, 1, 2, 3)))
     row = benchlib.Row(
-        method=name,
+        mechanism=name,
         impl=impl,
         n=n,
         fwd_s=benchlib.time_fn(fwd, q, k, v, weights, is_anchor, repeats=args.repeats),
@@ -150,12 +150,12 @@ def measure_stages(n: int, heads: int, every: int, args) -> dict:
     times = {name: ([], []) for name in calls}
     for _ in range(args.repeats):
         for name, pair in calls.items():
-            for (f, xs), acc in zip(pair, times[name]):
+            for (f, xs), acc in zip(pair, times[name], strict=True):
                 t0 = time.process_time()
                 jax.block_until_ready(f(*xs))
                 acc.append(1e3 * (time.process_time() - t0))
     out = {name: tuple(float(np.median(t)) for t in ts) for name, ts in times.items()}
-    out["handshake+glue"] = tuple(c - g - z for c, g, z in zip(out["core"], out["gather"], out["zones"]))
+    out["handshake+glue"] = tuple(c - g - z for c, g, z in zip(out["core"], out["gather"], out["zones"], strict=True))
     return out
 
 
@@ -181,7 +181,7 @@ def measure_compile(n: int, implementation: str | None, heads: int = 16, head_di
 
 def _print(r: benchlib.Row) -> None:
     print(
-        f"  n={r.n} {r.method:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
+        f"  n={r.n} {r.mechanism:16s} {r.impl:10s} fwd {r.fwd_s * 1e3:9.1f} ms  fwd+bwd {r.fwd_bwd_s * 1e3:9.1f} ms  "
         f"mem {r.mem_bytes / 2**20:8.1f} MiB",
         flush=True,
     )

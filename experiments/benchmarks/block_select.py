@@ -1,4 +1,4 @@
-"""MoBA and NSA cores against dense causal attention, measured side by side in one run (issue 35's acceptance).
+"""MoBA and NSA cores against dense causal attention, measured side by side in one run.
 
 Command (CPU, fp32; the numbers in docs/moba.md and docs/nsa.md):
   python -m experiments.benchmarks.block_select --n 4096 16384
@@ -87,7 +87,7 @@ def run(args) -> list[benchlib.Row]:
 
 
 def _print(row):
-    print(f"  n={row.n} {row.method:6s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
+    print(f"  n={row.n} {row.mechanism:6s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
           f"mem {row.mem_bytes / 2**20:8.1f} MiB  {row.extra}", flush=True)  # fmt: skip
 
 

@@ -137,7 +137,7 @@ def main(argv=None):
         print(f"{method}: fwd {row.fwd_s * 1e3:.1f} ms, fwd+bwd {row.fwd_bwd_s * 1e3:.1f} ms, "
               f"{row.mem_bytes / 2**20:.1f} MiB", flush=True)  # fmt: skip
     benchlib.add_ratios(rows)
-    by = {r.method: r for r in rows}
+    by = {r.mechanism: r for r in rows}
     lab = by["labels"]
     acceptance = dict(
         vs_dense_fwd_bwd=by["dense"].fwd_bwd_s / lab.fwd_bwd_s,

@@ -33,7 +33,9 @@ from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
 
-IMPLS = {"default": None, "reference": "reference"}
+# "default" is what the registry picks (None); "xla" the blocked XLA executor, the default the measurement behind
+# dense's CPU default ("reference", sparse_attn/executors/reference.py) compared against.
+IMPLS = {"default": None, "reference": "reference", "xla": "xla"}
 NO_IMPLEMENTATION = ("labels",)  # mechanisms without an implementation option: one row
 
 
@@ -118,20 +120,20 @@ def check_names(parser, flag: str, text: str, allowed: tuple[str, ...]) -> list[
 
 def report(raw: dict, args, argv, show: bool = False) -> dict:
     configs = list(raw)
-    med = lambda xs: statistics.median(xs)  # noqa: E731
     rows = []
     for name in dict.fromkeys(m for m, _ in configs):
         row = {"mechanism": name}
         for impl in IMPLS:
             runs = raw.get((name, impl))
             if runs:
-                row[impl] = {k: med([x[k] for x in runs]) for k in runs[0] if k != "losses"}
+                row[impl] = {k: statistics.median([x[k] for x in runs]) for k in runs[0] if k != "losses"}
                 row[impl]["runs"] = runs
         if "default" in row and "reference" in row:
             d, r = row["default"], row["reference"]
             row["reference_over_default_step"] = r["step_s"] / d["step_s"]
             row["reference_over_default_step_cpu"] = r["step_cpu_s"] / d["step_cpu_s"]
-            row["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(d["runs"][0]["losses"], r["runs"][0]["losses"]))
+            losses = zip(d["runs"][0]["losses"], r["runs"][0]["losses"], strict=True)
+            row["max_abs_loss_diff"] = max(abs(a - b) for a, b in losses)
         rows.append(row)
 
     command = benchlib.command_line("experiments.benchmarks.lm_step", argv)

@@ -92,7 +92,7 @@ def run(args) -> list[benchlib.Row]:
 
 def _print(row):
     print(
-        f"  n={row.n} {row.method:22s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
+        f"  n={row.n} {row.mechanism:22s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
         f"mem {row.mem_bytes / 2**20:8.1f} MiB  {row.extra}",
         flush=True,
     )
@@ -115,10 +115,10 @@ def main(argv=None):
     command = benchlib.announce("experiments.benchmarks.noncrossing", argv, args.out_dir)
     rows = run(args)
     table = benchlib.format_table(rows)
-    by = {(r.method, r.n): r for r in rows}
+    by = {(r.mechanism, r.n): r for r in rows}
     lines = []
     for router in args.routers:
-        ns = sorted(r.n for r in rows if r.method == f"noncrossing_{router}")
+        ns = sorted(r.n for r in rows if r.mechanism == f"noncrossing_{router}")
         if len(ns) >= 2:
             ratio = by[(f"noncrossing_{router}", ns[-1])].fwd_bwd_s / by[(f"noncrossing_{router}", ns[0])].fwd_bwd_s
             lines.append(f"noncrossing_{router}: fwd+bwd time({ns[-1]}) / time({ns[0]}) = {ratio:.2f}")

@@ -16,7 +16,7 @@ from sparse_attn.train import TrainConfig
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClassifyConfig:
-    """One run: task (its config fixes the data), attention names per layer, model, training, eval size.
+    """One run: task (its config fixes the data), mechanism names per layer, model, training, eval size.
 
     Evaluation covers the first `num_validation` validation examples (`train.eval_batches` is not used).
     `router_warm_start` > 0 (Dyck, layer 0 a defect-pair router): fit layer 0's router to the bracket matching
@@ -26,7 +26,7 @@ class ClassifyConfig:
     name: str
     task_name: str
     task: Task
-    attention: tuple[str, ...]
+    mechanisms: tuple[str, ...]
     model: TransformerConfig
     train: TrainConfig
     num_validation: int
@@ -50,7 +50,7 @@ def _config(name, task_name, n, attention, *, layers, dim, heads, mlp, num_train
         vocab_size=task.vocab_size, model_dim=dim, num_heads=heads, num_layers=layers, mlp_dim=mlp,
         num_classes=task.num_classes, attention=tuple(attention_config(a, Context.classifier(n, anchors), causal=False) for a in names),
     )
-    return ClassifyConfig(name=name, task_name=task_name, task=task, attention=names, model=model,
+    return ClassifyConfig(name=name, task_name=task_name, task=task, mechanisms=names, model=model,
                           train=TrainConfig(seq_len=n, **train), num_validation=num_validation)
 
 
@@ -68,7 +68,7 @@ def smoke(task: str = "listops", n: int = 64, attention: str = "dense", seed: in
 def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
     """CPU (2 cores): 2 layers x 64 wide (~0.1M params), 300 steps of 32 sequences, 512 validation examples.
 
-    `python -m experiments.classification --task digits --n 64 --attention dense --config small`. Measured on
+    `python -m experiments.classification --task digits --n 64 --mechanism dense --config small`. Measured on
     digits n=64 (all 359 validation images; 2 CPU cores shared with other jobs, ~40 s wall per run,
     deterministic): validation accuracy 0.485 with dense, 0.632 with local (radius 16) in both layers, one
     seed; a pipeline sample, not a comparison (docs/results.md). Other tasks and lengths: not yet run.
@@ -79,15 +79,15 @@ def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int
                    checkpoint_every=100, eval_every=100, eval_batches=16)
 
 
-def seed(task: str = "listops", n: int = 512, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
-    """Seed 002's encoder: 6 layers x 256 wide (4 heads of 64, MLP 1024; ~5M params), 10k steps of 32
+def full(task: str = "listops", n: int = 512, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
+    """The non-crossing research document's encoder: 6 layers x 256 wide (4 heads of 64, MLP 1024; ~5M params), 10k steps of 32
     sequences (LRA ListOps scale), 2000 validation examples. One GPU (H100/H200 class).
 
-    `python -m experiments.classification --task listops --n 512 --attention dense --config seed`; the study's
-    cells: `python -m experiments.classification.grid --grid seed002`. Not yet run: record wall clock and accuracy
+    `python -m experiments.classification --task listops --n 512 --mechanism dense --config full`; the study's
+    cells: `python -m experiments.classification.grid --grid noncrossing`. Not yet run: record wall clock and accuracy
     here (and in docs/results.md) after the first runs.
     """
-    return _config("seed", task, n, attention, layers=6, dim=256, heads=4, mlp=1024, num_train=96_000,
+    return _config("full", task, n, attention, layers=6, dim=256, heads=4, mlp=1024, num_train=96_000,
                    num_validation=2_000, seed=seed, global_batch=32, num_steps=10_000, learning_rate=5e-4,
                    warmup_steps=500, checkpoint_every=1000, eval_every=1000, eval_batches=63)
 
@@ -97,7 +97,7 @@ def cpu(task: str = "listops", n: int = 128, attention: str = "dense", seed: int
     evaluation every 50 steps on 256 validation examples; the grid sets `--num_steps` per (task, n).
 
     `python -m experiments.classification.grid --grid cpu --config cpu`; one cell:
-    `python -m experiments.classification --task listops --n 128 --attention dense --config cpu --num_steps 600`.
+    `python -m experiments.classification --task listops --n 128 --mechanism dense --config cpu --num_steps 600`.
     Expected results: the tables of docs/results.md. Measured (2 shared CPU cores, load ~3-10): 0.12-0.19 s a
     step for dense at n = 128, ~15 s of start-up and compilation; dense ListOps n = 128 is at the majority class
     through step 150 and at 0.34 by step 600; local (32 keys each side) reaches the same 0.34 there.
@@ -107,4 +107,4 @@ def cpu(task: str = "listops", n: int = 128, attention: str = "dense", seed: int
                    warmup_steps=20, checkpoint_every=50, eval_every=50, eval_batches=16)
 
 
-CONFIGS = {"smoke": smoke, "small": small, "cpu": cpu, "seed": seed}
+CONFIGS = {"smoke": smoke, "small": small, "cpu": cpu, "full": full}

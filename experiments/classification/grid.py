@@ -1,9 +1,9 @@
-"""Run a grid of classification cells (task, n, attention, seed) one after another, each with a time limit.
+"""Run a grid of classification cells (task, n, mechanism, seed) one after another, each with a time limit.
 
-    .venv/bin/python -m experiments.classification.grid --grid seed002 --config seed --time_limit 7200
+    .venv/bin/python -m experiments.classification.grid --grid noncrossing --config full --time_limit 7200
 
 Each cell is `python -m experiments.classification ... --results experiments/results/<task>.jsonl` in a subprocess
-(workdir `runs/grid/<config>/<task>_n<n>_<attention>_s<seed>`), so a finished cell appends one JSON line. A
+(workdir `runs/grid/<config>/<task>_n<n>_<mechanism>_s<seed>`), so a finished cell appends one JSON line. A
 cell whose row is already in the results file is skipped; a cell past its limit gets SIGTERM (the loop saves
 its step and exits), leaves no row, and resumes from its checkpoint when the grid is run again. Render the
 tables and plots with `python -m experiments.reports.results`.
@@ -30,18 +30,18 @@ from sparse_attn.studies.runs import git_commit, run_module
 class Cell(NamedTuple):
     task: str
     n: int
-    attention: str
+    mechanism: str
     seed: int
     steps: int | None = None  # None: the config's (or --num_steps)
 
 
-def _cells(tasks_n: dict[str, tuple[int, ...]], attentions: tuple[str, ...], seeds: tuple[int, ...]) -> list[Cell]:
-    return [Cell(t, n, a, s) for t, ns in tasks_n.items() for n in ns for a in attentions for s in seeds]
+def _cells(tasks_n: dict[str, tuple[int, ...]], mechanisms: tuple[str, ...], seeds: tuple[int, ...]) -> list[Cell]:
+    return [Cell(t, n, a, s) for t, ns in tasks_n.items() for n in ns for a in mechanisms for s in seeds]
 
 
-# Seed 002: dense vs local vs non-crossing routing on the hierarchical tasks at 128/512/2048, Pathfinder 32x32 as
+# The non-crossing research document's study: dense vs local vs non-crossing routing on the hierarchical tasks at 128/512/2048, Pathfinder 32x32 as
 # the offline non-hierarchical control (CIFAR-10 needs its TFDS data: add ("cifar10", (1024,)) where prepared).
-SEED002_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfinder": (1024,)}
+DOCUMENT_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfinder": (1024,)}
 SEEDS = (0, 1, 2)
 
 # The CPU grid (`--config cpu`, docs/results.md): the three task families at n = 128 and 512 (Pathfinder
@@ -57,16 +57,16 @@ WARM = "noncrossing_defect+warm200"  # Dyck only: layer 0's router pre-fitted to
 
 
 def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
-    """Every (task, n, attention, seed) once, in the order a ~75-minute run on 2 shared cores should take them:
-    ListOps n = 128 seed 0; Dyck/Pathfinder dense and local; ListOps n = 512 dense, local and seed 002's
-    mechanism (at n = 128 two layers of local's 32-key radius already reach the whole sequence, so only
+    """Every (task, n, mechanism, seed) once, in the order a ~75-minute run on 2 shared cores should take them:
+    ListOps n = 128 seed 0; Dyck/Pathfinder dense and local; ListOps n = 512 dense, local and non-crossing
+    routing (at n = 128 two layers of local's 32-key radius already reach the whole sequence, so only
     n = 512 restricts local); ListOps seeds 1-2 of those three; the other mechanisms on Pathfinder (where
     dense learned something by step 600) and Dyck (where neither dense nor local did); ListOps seeds 1-2 of the
-    other mechanisms; labels; seed 002's mechanism on Dyck with the router warm start (the one arm that learned
+    other mechanisms; labels; non-crossing routing on Dyck with the router warm start (the one arm that learned
     Dyck in docs/noncrossing.md's study); Pathfinder seeds 1-2 (the one task where dense has learned something at n = 128,
     so the one where seeds can separate mechanisms); then the rest (seeds, n = 512)."""
-    def cells(tasks, ns, attentions, seeds):
-        return [Cell(t, n, a, s, steps[n]) for n in ns for s in seeds for t in tasks for a in attentions]
+    def cells(tasks, ns, mechanisms, seeds):
+        return [Cell(t, n, a, s, steps[n]) for n in ns for s in seeds for t in tasks for a in mechanisms]
     order = (
         cells(("listops",), (128,), ("dense", "local", *CPU_MECHANISMS), (0,))
         + cells(("dyck", "pathfinder"), (128,), ("dense", "local"), (0,))
@@ -84,12 +84,12 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
 
 
 GRIDS = {
-    "seed002": _cells(SEED002_TASKS, ("dense", "local", "noncrossing_defect"), SEEDS),  # 63 cells
+    "noncrossing": _cells(DOCUMENT_TASKS, ("dense", "local", "noncrossing_defect"), SEEDS),  # 63 cells
     # The other baselines and mechanisms on the same cells.
-    "seed002_more": _cells(SEED002_TASKS, ("longformer", "bigbird", "abca", "abca_learned", "labels",
+    "noncrossing_more": _cells(DOCUMENT_TASKS, ("longformer", "bigbird", "abca", "abca_learned", "labels",
                                            "noncrossing_brick", "noncrossing_adjacent"), SEEDS),
-    # Only the middle block pair replaced, as the seed's "replace one or two dense blocks" (6 layers).
-    "seed002_hybrid": _cells({"listops": (512, 2048), "dyck": (512, 2048)},
+    # Only the middle block pair replaced, as the research document's "replace one or two dense blocks" (6 layers).
+    "noncrossing_hybrid": _cells({"listops": (512, 2048), "dyck": (512, 2048)},
                              ("dense,dense,noncrossing_defect,noncrossing_defect,dense,dense",), SEEDS),
     "cpu": cpu_cells(),
     "sample": _cells({"digits": (64,)}, ("dense", "local"), (0,)),
@@ -97,7 +97,7 @@ GRIDS = {
 
 
 def _key(row: dict) -> tuple:
-    return row.get("task"), row.get("n"), row.get("attention"), row.get("seed"), row.get("config"), row.get("steps")
+    return row.get("task"), row.get("n"), row.get("mechanism"), row.get("seed"), row.get("config"), row.get("steps")
 
 
 def finished_keys(path: str) -> set[tuple]:
@@ -178,7 +178,7 @@ def run_grid(cells: list[Cell], *, config: str, num_steps: int | None, results_d
     for cell in cells:
         steps = num_steps if num_steps is not None else cell.steps if cell.steps is not None else default_steps
         results = os.path.join(results_dir, f"{cell.task}.jsonl")
-        if (cell.task, cell.n, cell.attention, cell.seed, config, steps) in finished_keys(results):
+        if (cell.task, cell.n, cell.mechanism, cell.seed, config, steps) in finished_keys(results):
             status[cell] = "done before"
             continue
         limit = time_limit_s
@@ -188,14 +188,14 @@ def run_grid(cells: list[Cell], *, config: str, num_steps: int | None, results_d
                 status[cell] = "not started (deadline)"
                 continue
             limit = min(limit, left)
-        workdir = os.path.join(runs_dir, config, f"{cell.task}_n{cell.n}_{cell.attention.replace(',', '+')}"
+        workdir = os.path.join(runs_dir, config, f"{cell.task}_n{cell.n}_{cell.mechanism.replace(',', '+')}"
                                                  f"_s{cell.seed}")
         os.makedirs(workdir, exist_ok=True)
         if not claim(workdir):
             status[cell] = "running elsewhere"
             continue
         try:
-            if (cell.task, cell.n, cell.attention, cell.seed, config, steps) in finished_keys(results):
+            if (cell.task, cell.n, cell.mechanism, cell.seed, config, steps) in finished_keys(results):
                 status[cell] = "done before"  # finished by another grid since the check above
                 continue
             status[cell] = _run_cell(cell, config=config, steps=steps, default_steps=default_steps, workdir=workdir,
@@ -235,11 +235,11 @@ def claim(workdir: str) -> bool:
 
 def attention_argv(attention: str) -> list[str]:
     """classify.py's arguments for a cell's attention name: `<spec>+warm<STEPS>` (the rows' label of a router
-    warm start) is `--attention <spec> --router_warm_start STEPS`."""
+    warm start) is `--mechanism <spec> --router_warm_start STEPS`."""
     spec, sep, steps = attention.rpartition("+warm")
     if sep and steps.isdigit():
-        return ["--attention", spec, "--router_warm_start", steps]
-    return ["--attention", attention]
+        return ["--mechanism", spec, "--router_warm_start", steps]
+    return ["--mechanism", attention]
 
 
 def _run_cell(cell: Cell, *, config, steps, default_steps, workdir, results, limit, run, log, extra) -> str:
@@ -247,7 +247,7 @@ def _run_cell(cell: Cell, *, config, steps, default_steps, workdir, results, lim
     own = os.path.join(workdir, "row.jsonl")
     if os.path.exists(own):
         os.remove(own)
-    argv = ["--task", cell.task, "--n", str(cell.n), *attention_argv(cell.attention), "--config", config,
+    argv = ["--task", cell.task, "--n", str(cell.n), *attention_argv(cell.mechanism), "--config", config,
             "--seed", str(cell.seed), "--workdir", workdir, "--results", own]
     if steps != default_steps:
         argv += ["--num_steps", str(steps)]
@@ -291,16 +291,16 @@ def parse_deadline(text: str | None, now: float | None = None) -> float | None:
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--grid", choices=sorted(GRIDS), required=True)
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="seed")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="full")
     parser.add_argument("--num_steps", type=int, help="override every cell's steps")
     parser.add_argument("--time_limit", type=float, default=7200, help="seconds per cell")
     parser.add_argument("--deadline", help="HH:MM UTC: start no cell after it (less --min_cell left), stop at it")
     parser.add_argument("--min_cell", type=float, default=60, help="seconds a cell needs to be started")
-    parser.add_argument("--only", help="comma-separated attention names: run only these cells")
+    parser.add_argument("--only", help="comma-separated mechanism names: run only these cells")
     parser.add_argument("--n", type=int, action="append", help="run only cells of this length (repeatable)")
     parser.add_argument("--task", action="append", help="run only cells of this task (repeatable)")
     parser.add_argument("--seeds", help="comma-separated: run only cells of these seeds")
-    parser.add_argument("--skip", help="comma-separated attention names: leave these cells out")
+    parser.add_argument("--skip", help="comma-separated mechanism names: leave these cells out")
     parser.add_argument("--shard", default="0/1", help="i/k: run the cells whose index is i mod k (parallel grids)")
     parser.add_argument("--commit", help="the commit the code was taken from (default: git rev-parse here)")
     parser.add_argument("--results_dir", default=os.path.join("experiments", "results"))
@@ -325,10 +325,10 @@ def main(argv=None) -> dict:
 
 def select(cells: list[Cell], *, only: str | None = None, skip: str | None = None, shard: str = "0/1",
            lengths=(), seeds: str | None = None, tasks=()) -> list[Cell]:
-    """The cells named by `--only` / `--skip` (attention names), `--n`, `--seeds` and `--task`, then every k-th of them
+    """The cells named by `--only` / `--skip` (mechanism names), `--n`, `--seeds` and `--task`, then every k-th of them
     from the i-th (`--shard i/k`). A name or value the grid does not hold raises a ValueError listing those it does."""
-    keep = _chosen("--only", only.split(",") if only else (), {c.attention for c in cells}) or None
-    drop = _chosen("--skip", skip.split(",") if skip else (), {c.attention for c in cells})
+    keep = _chosen("--only", only.split(",") if only else (), {c.mechanism for c in cells}) or None
+    drop = _chosen("--skip", skip.split(",") if skip else (), {c.mechanism for c in cells})
     lengths = _chosen("--n", lengths, {c.n for c in cells})
     tasks = _chosen("--task", tasks, {c.task for c in cells})
     try:
@@ -342,7 +342,7 @@ def select(cells: list[Cell], *, only: str | None = None, skip: str | None = Non
         raise ValueError(f"--shard must be i/k (two integers), got {shard!r}") from None
     if not 0 <= i < k:
         raise ValueError(f"--shard must be i/k with 0 <= i < k, got {shard!r}")
-    cells = [c for c in cells if (keep is None or c.attention in keep) and c.attention not in drop
+    cells = [c for c in cells if (keep is None or c.mechanism in keep) and c.mechanism not in drop
              and (not lengths or c.n in lengths) and (not seeds or c.seed in seeds) and (not tasks or c.task in tasks)]
     return cells[i::k]
 

@@ -1,15 +1,15 @@
-"""Sequence classification (seed 002's study): a bidirectional encoder with attention chosen per layer.
+"""Sequence classification (the non-crossing research document's study): a bidirectional encoder with a mechanism
+chosen per layer.
 
-    .venv/bin/python -m experiments.classification --task listops --n 512 --attention dense --config small
+    .venv/bin/python -m experiments.classification --task listops --n 512 --mechanism dense --config small
 
 Tasks (`sparse_attn.data.tasks`, docs/tasks.md): listops, dyck (n = padded length), pathfinder (n = size**2),
-digits (n = 64), cifar10 (n = 1024 grayscale or 3072 RGB; needs the TFDS data prepared). Attention: one name
-for every layer or one per layer, `--attention dense,dense,noncrossing_defect,noncrossing_defect,dense,dense`; names
-in `sparse_attn/studies/mechanisms.py` (dense, local, longformer, bigbird, abca, abca_fixed, abca_learned, labels,
-noncrossing_defect, noncrossing_brick, noncrossing_adjacent). Pixel tasks feed one token per pixel (as LRA).
+digits (n = 64), cifar10 (n = 1024 grayscale or 3072 RGB; needs the TFDS data prepared). Mechanism: one name
+for every layer or one per layer, `--mechanism dense,dense,noncrossing_defect,noncrossing_defect,dense,dense`
+(`--help` lists the registered names). Pixel tasks feed one token per pixel (as LRA).
 
 Configs (each function's docstring has its command and expected result): `smoke` (CI, seconds), `small`
-(CPU, minutes), `cpu` (the CPU grid of docs/results.md), `seed` (the seed's 6 x 256 encoder; a GPU job:
+(CPU, minutes), `cpu` (the CPU grid of docs/results.md), `full` (the research document's 6 x 256 encoder; a GPU job:
 experiments/gpu/classify.py). Pathfinder at n = 128 / 512 is an 11x11 / 22x22 image padded to n. The workdir gets the loop's `metrics.jsonl`,
 `checkpoints/` (re-running resumes), and `result.json`: validation accuracy (per depth/distance bucket for
 ListOps/Dyck), loss, training FLOPs (sparse_attn/studies/classification.py), compiled train-step memory, time per
@@ -99,7 +99,7 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
             train_iter=train_iter,
             eval_batches=lambda: valid,
             experiment={"name": config.name, "task_name": config.task_name, "task": task,
-                        "attention": list(config.attention), "model": config.model, "num_validation": num_valid,
+                        "mechanisms": list(config.mechanisms), "model": config.model, "num_validation": num_valid,
                         **warm_start_record(config)},
             allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
             log=log,
@@ -134,7 +134,7 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
     train = summary.get("train", {})
     return {
         "kind": "classify",
-        "task": config.task_name, "n": tc.seq_len, "attention": attention_label(config),
+        "task": config.task_name, "n": tc.seq_len, "mechanism": attention_label(config),
         "router_warm_start": config.router_warm_start,
         "config": config.name, "seed": tc.seed, "steps": summary["step"],
         "accuracy": evals["accuracy"], "valid_loss": evals["valid_loss"],
@@ -147,7 +147,7 @@ def result_row(config: ClassifyConfig, summary: dict, workdir: str, *, num_valid
         "step_s": tc.global_batch * tc.seq_len / tok_s if tok_s and math.isfinite(tok_s) else None,
         "tokens_per_s": tok_s if math.isfinite(tok_s) else None,
         "wall_s": summary["wall_s"],
-        "layers": [{"attention": a, **layer} for a, layer in zip(config.attention, evals["layers"], strict=True)],
+        "layers": [{"mechanism": a, **layer} for a, layer in zip(config.mechanisms, evals["layers"], strict=True)],
         "model": {"layers": m.num_layers, "dim": m.model_dim, "heads": m.num_heads, "mlp": m.mlp_dim},
         "global_batch": tc.global_batch, "num_validation": num_validation,
         "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
@@ -167,13 +167,13 @@ def loss_curve(workdir: str, flops_per_step: float) -> list[dict]:
 
 
 def attention_spec(names: tuple[str, ...]) -> str:
-    """The `--attention` value for per-layer names: one name if every layer has it (the grid's key)."""
+    """The `--mechanism` value for per-layer names: one name if every layer has it (the grid's key)."""
     return names[0] if len(set(names)) == 1 else ",".join(names)
 
 
 def attention_label(config: ClassifyConfig) -> str:
     """The rows' mechanism name: the attention spec, `+warm<steps>` when the router was warm-started."""
-    return with_warm(attention_spec(config.attention), config.router_warm_start)
+    return with_warm(attention_spec(config.mechanisms), config.router_warm_start)
 
 
 def with_warm(spec: str, warm_steps: int) -> str:
@@ -192,7 +192,7 @@ def json_safe(x):
 
 
 def default_workdir(args) -> str:
-    att = with_warm(args.attention.replace(",", "+"), args.router_warm_start)
+    att = with_warm(args.mechanism.replace(",", "+"), args.router_warm_start)
     return os.path.join("runs", "classify", f"{args.task}_n{args.n}_{att}_{args.config}_s{args.seed}")
 
 
@@ -200,12 +200,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--task", choices=TASKS, required=True)
     parser.add_argument("--n", type=int, required=True, help="sequence length (images: pixels)")
-    parser.add_argument("--attention", default="dense",
+    parser.add_argument("--mechanism", default="dense",
                         help=f"comma-separated, one per layer or one for all: {', '.join(mechanism_names(encoder=True))}")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
     parser.add_argument("--seed", type=int, default=0, help="init and batch order (the data set is fixed)")
     parser.add_argument("--num_steps", type=int)
-    parser.add_argument("--workdir", help="default runs/classify/<task>_n<n>_<attention>_<config>_s<seed>")
+    parser.add_argument("--workdir", help="default runs/classify/<task>_n<n>_<mechanism>_<config>_s<seed>")
     parser.add_argument("--results", help="append the result row to this JSONL file")
     parser.add_argument("--router_warm_start", type=int, default=0, metavar="STEPS",
                         help="dyck: first fit layer 0's defect-pair router to the bracket matching for STEPS steps")
@@ -216,7 +216,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> ClassifyConfig:
-    config = CONFIGS[args.config](args.task, args.n, args.attention, args.seed)
+    config = CONFIGS[args.config](args.task, args.n, args.mechanism, args.seed)
     if args.num_steps is not None:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
     if args.router_warm_start:
@@ -236,7 +236,7 @@ def main(argv=None) -> dict:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
         with open(args.results, "a") as f:
             f.write(json.dumps(row) + "\n")
-    print(json.dumps({k: row[k] for k in ("task", "n", "attention", "steps", "accuracy", "valid_loss", "step_s")}))
+    print(json.dumps({k: row[k] for k in ("task", "n", "mechanism", "steps", "accuracy", "valid_loss", "step_s")}))
     return row
 
 

@@ -239,7 +239,7 @@ def main(argv=None) -> list[dict]:
         raise SystemExit("--dry-run rows are not results: pass --out to a scratch directory")
     dev = jax.devices()[0]
     common = dict(commit=git_commit(), device=dev.device_kind, jax=jax.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
+                  date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
     rec = Recorder(args.out, common, p)
     log(f"device {dev.device_kind} ({jax.default_backend()}), commit {common['commit']}, budget {p.budget_s:.0f} s")
     try:

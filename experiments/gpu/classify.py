@@ -1,4 +1,4 @@
-"""Seed-scale classification (`--config seed`: 6 x 256, n up to 2048) on one GPU inside a fixed time budget.
+"""Seed-scale classification (`--config full`: 6 x 256, n up to 2048) on one GPU inside a fixed time budget.
 
     python -m experiments.gpu.classify --budget 570 --out "$OUT"          # a 10-minute device run
     python -m experiments.gpu.classify --budget 570 --dry_run             # the plan only
@@ -38,13 +38,13 @@ MECHANISMS = ("dense", "local", "noncrossing_defect", "abca", "longformer", "lab
 
 def priority(seeds=(0, 1, 2)) -> list[Cell]:
     """Seed 0 first: ListOps and Dyck at 512, Pathfinder 32x32, then n = 2048; then the other seeds. Dyck also
-    runs seed 002's mechanism with the router warm start (`classify_grid.WARM`)."""
+    runs non-crossing routing with the router warm start (`classify_grid.WARM`)."""
     stages = [("listops", 512), ("dyck", 512), ("pathfinder", 1024), ("listops", 2048), ("dyck", 2048)]
     return [Cell(t, n, a, s) for s in seeds for t, n in stages
             for a in MECHANISMS + ((classify_grid.WARM,) if t == "dyck" else ())]
 
 
-# Guessed ms per step of the seed config (batch 32) on an H100/H200-class GPU for dense attention, and each
+# Guessed ms per step of the full config (batch 32) on an H100/H200-class GPU for dense attention, and each
 # mechanism's factor; replaced by measurement as cells finish (the scale factor in `run_budget`).
 DENSE_STEP_MS = {128: 8.0, 256: 10.0, 512: 15.0, 1024: 30.0, 2048: 70.0, 4096: 250.0}
 FACTOR = {"dense": 1.0, "local": 1.3, "longformer": 1.5, "bigbird": 2.0, "abca": 2.0, "abca_learned": 2.5,
@@ -54,7 +54,7 @@ STARTUP_S = 45.0  # interpreter + JAX start, train and eval compilation, validat
 
 def estimate_s(cell: Cell, steps: int) -> float:
     n = min(DENSE_STEP_MS, key=lambda k: abs(k - cell.n))
-    ms = DENSE_STEP_MS[n] * (cell.n / n) ** 1.5 * max(FACTOR.get(a, 3.0) for a in cell.attention.split(","))
+    ms = DENSE_STEP_MS[n] * (cell.n / n) ** 1.5 * max(FACTOR.get(a, 3.0) for a in cell.mechanism.split(","))
     return STARTUP_S + steps * ms / 1e3
 
 
@@ -130,9 +130,9 @@ def main(argv=None) -> list[dict]:
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--budget", type=float, default=570, help="seconds for everything, report included")
     parser.add_argument("--reserve", type=float, default=30, help="seconds kept for the report")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="seed")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="full")
     parser.add_argument("--num_steps", type=int, default=1000,
-                        help="steps per cell (the seed config's 10k do not fit a 10-minute run)")
+                        help="steps per cell (the full config's 10k do not fit a 10-minute run)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join("experiments", "results", "gpu"))
     parser.add_argument("--runs_dir", default=os.path.join("/tmp", "gpu_classify_runs"))

@@ -40,7 +40,7 @@ RESULTS = os.path.join("experiments", "results", "lm_gpu.jsonl")
 TOKENS_PER_STEP = 32_768
 
 
-def seed_scale(n: int, steps: int) -> lm_grid.Scale:
+def full_scale(n: int, steps: int) -> lm_grid.Scale:
     """12 x 768 at ~32k tokens per step (batch = 32768 / n, at least 1), one evaluation and checkpoint at the end."""
     return lm_grid.Scale(layers=12, dim=768, heads=12, mlp=3072, batch=max(TOKENS_PER_STEP // n, 1), steps=steps,
                          lr=6e-4, warmup=max(steps // 10, 1), eval_every=steps, eval_batches=4,
@@ -51,17 +51,17 @@ def tiny_scale(n: int, steps: int) -> lm_grid.Scale:
     return dataclasses.replace(lm_grid.SCALES["smoke"], steps=steps, eval_every=steps, checkpoint_every=steps)
 
 
-def _group(ns, variants, budget):
-    return [lm_grid.Cell(n, v, budget, 0) for n in ns for v in variants]
+def _group(ns, mechanisms, budget):
+    return [lm_grid.Cell(n, v, budget, 0) for n in ns for v in mechanisms]
 
 
 PLAN = [
-    *_group((4096,), ("dense", "local", "labels", "abca_fixed"), 128),
-    *_group((4096,), ("moba", "nsa"), 128),  # the trainable sparse baselines (issue 35) beside them
+    *_group((4096,), ("dense", "local", "labels_d8k2", "abca_fixed"), 128),
+    *_group((4096,), ("moba", "nsa"), 128),  # the trainable sparse baselines beside them
     *_group((4096,), ("abca", "local"), 24),
-    *_group((16384,), ("dense", "local", "labels", "abca_fixed"), 128),
+    *_group((16384,), ("dense", "local", "labels_d8k2", "abca_fixed"), 128),
     *_group((4096,), ("longformer",), 128),
-    *_group((8192,), ("dense", "local", "labels", "abca_fixed"), 128),
+    *_group((8192,), ("dense", "local", "labels_d8k2", "abca_fixed"), 128),
 ]
 TINY_PLAN = [lm_grid.Cell(64, "dense", 12, 0), lm_grid.Cell(64, "local", 12, 0)]
 
@@ -69,14 +69,14 @@ TINY_PLAN = [lm_grid.Cell(64, "dense", 12, 0), lm_grid.Cell(64, "local", 12, 0)]
 def describe(cell: lm_grid.Cell, tokens_U8) -> dict:
     """The matched config of a cell and its planned keys per query (CPU only: no training)."""
     tokens = newline_windows(tokens_U8, cell.n, num=4)
-    att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
+    att = attention_for_budget(cell.mechanism, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
     tuned = recorded_fields(att)
-    return {"n": cell.n, "variant": cell.variant, "budget": cell.budget, "type": type(att).__name__, **tuned,
+    return {"n": cell.n, "mechanism": cell.mechanism, "budget": cell.budget, "type": type(att).__name__, **tuned,
             "planned_keys_per_query": round(keys_per_query(att, cell.n, tokens), 2), "dense_keys": (cell.n + 1) / 2}
 
 
 def _config_name(tiny: bool) -> str:
-    return "gpu_tiny" if tiny else "gpu_seed"
+    return "gpu_tiny" if tiny else "gpu_full"
 
 
 def partial_row(cell: lm_grid.Cell, config: str, workdir: str, status: str, command: str) -> dict:
@@ -85,7 +85,7 @@ def partial_row(cell: lm_grid.Cell, config: str, workdir: str, status: str, comm
     if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
         train = read_metrics(workdir, "train")
     last = [r["bits_per_byte"] for r in list(train.values())[-10:] if "bits_per_byte" in r]
-    return {"kind": "lm_partial", "config": config, "n": cell.n, "variant": cell.variant,
+    return {"kind": "lm_partial", "config": config, "n": cell.n, "mechanism": cell.mechanism,
             "budget_keys_per_query": cell.budget, "seed": cell.seed, "status": status,
             "steps_reached": max(train, default=0),
             "train_bits_per_byte_last10": sum(last) / len(last) if last else None,
@@ -109,7 +109,7 @@ def run_plan(plan, *, tiny: bool, steps: int, total_s: float, cell_s: float, res
             status[cell] = "not run (out of time: run again to continue)"
             continue
         workdir = lm_grid.cell_workdir(runs_dir, config, cell)
-        argv = ["--cell", str(cell.n), cell.variant, f"{cell.budget:g}", str(cell.seed), "--steps", str(steps),
+        argv = ["--cell", str(cell.n), cell.mechanism, f"{cell.budget:g}", str(cell.seed), "--steps", str(steps),
                 "--results", results, "--workdir", workdir] + (["--tiny"] if tiny else [])
         log(f"== {cell}: limit {min(cell_s, left):.0f} s")
         t0 = clock()
@@ -142,7 +142,7 @@ def main(argv=None) -> dict:
     plan = TINY_PLAN if args.tiny else PLAN
     if args.cell:
         cell = lm_grid.Cell(int(args.cell[0]), args.cell[1], float(args.cell[2]), int(args.cell[3]))
-        scale = (tiny_scale if args.tiny else seed_scale)(cell.n, steps)
+        scale = (tiny_scale if args.tiny else full_scale)(cell.n, steps)
         command = "python -m experiments.gpu.lm " + shlex.join(argv if argv is not None else sys.argv[1:])
         return lm_grid.run_cell(_config_name(args.tiny), cell, workdir=args.workdir, results=args.results,
                                 command=command, scale=scale)

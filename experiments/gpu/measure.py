@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import sparse_attn.kernels as kernels
+from sparse_attn.executors.pallas import pallas_attention
 from experiments.gpu.methods import (
     TOL,
     Method,
@@ -146,7 +146,7 @@ def check_row(p: Plan, name: str, d: int, dtype, limit_s: float) -> dict:
     scale = d**-0.5
 
     def grads(q, k, v, do, pattern):
-        fn = lambda q, k, v: kernels.pallas_attention(q, k, v, pattern, scale, config=p.config)[0]  # noqa: E731
+        fn = lambda q, k, v: pallas_attention(q, k, v, pattern, scale, config=p.config)[0]  # noqa: E731
         out, vjp = jax.vjp(fn, q, k, v)
         return (out,) + vjp(do)
 
@@ -159,7 +159,7 @@ def check_row(p: Plan, name: str, d: int, dtype, limit_s: float) -> dict:
         mask = jax.device_get(jax.jit(lambda pat: pat.to_dense())(jax.device_put(pattern, cpu)))
     want = reference64(*jax.device_get((q, k, v, do)), mask, scale)
     err = {key: float(np.max(np.abs(np.asarray(g, np.float64) - w))) for key, g, w in
-           zip(("out", "dq", "dk", "dv"), got, want)}  # fmt: skip
+           zip(("out", "dq", "dk", "dv"), got, want, strict=True)}  # fmt: skip
     tol = TOL[jnp.dtype(dtype).name]
     finite = all(bool(np.isfinite(np.asarray(g, np.float64)).all()) for g in got)
     return dict(first_call_s=round(first, 2), max_abs_err=err, tol=tol, ok=finite and max(err.values()) <= tol)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import sparse_attn.kernels as kernels
+from sparse_attn.executors.pallas import pallas_attention
 from sparse_attn.attention import available_implementations, default_implementation
 from sparse_attn.patterns import baselines
 from sparse_attn.patterns.intervals import Intervals
@@ -139,7 +140,7 @@ class Method:
 
 def kernel_method(p: Plan, pattern, d: int, pairs: int) -> Method:
     scale = d**-0.5
-    return Method(lambda q, k, v: kernels.pallas_attention(q, k, v, pattern, scale, config=p.config)[0], (), pairs)
+    return Method(lambda q, k, v: pallas_attention(q, k, v, pattern, scale, config=p.config)[0], (), pairs)
 
 
 def bucketed_kernel_method(p: Plan, pattern, d: int, pairs: int, tile: int | None = None) -> Method:

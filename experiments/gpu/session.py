@@ -1,4 +1,4 @@
-"""Everything GPU-specific in one device call: kernel timings and correctness, passkey at 1k-16k, the seed-scale LM
+"""Everything GPU-specific in one device call: kernel timings and correctness, passkey at 1k-16k, the full-scale LM
 and classification cells, the tile sweep, one after another under one wall-clock budget, packed for the trip back.
 
 On a lent machine (one `run` call with timeout_s 600; nothing to install there):
@@ -107,8 +107,8 @@ STAGES = (
           lambda d, s: ["--budget-s", f"{s:.0f}", "--out", d], merge=("gpu_tune.jsonl",), rehearse=("--dry-run",)),
 )
 
-# The configs of the rows the GPU stages write (classify: seed; LM: gpu_seed; retrieval: gpu).
-GPU_CONFIGS = ("seed", "gpu_seed", "gpu")
+# The configs of the rows the GPU stages write (classify: full; LM: gpu_full; retrieval: gpu).
+GPU_CONFIGS = ("full", "gpu_full", "gpu")
 
 # What the stages import; a missing one is named in the log and the summary before anything runs.
 NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "tqdm", "matplotlib")
@@ -122,8 +122,8 @@ def allot(stages, budget_s: float) -> dict[str, float]:
     return {s.name: usable * w / sum(weights) for s, w in zip(stages, weights, strict=True)}
 
 
-def seed_rows(stage: Stage, stage_dir: str, results_dir: str) -> int:
-    """Copy the committed seed-scale rows of the stage's result files into its dir; returns how many."""
+def committed_rows(stage: Stage, stage_dir: str, results_dir: str) -> int:
+    """Copy the committed full-scale rows of the stage's result files into its dir; returns how many."""
     count = 0
     for name in stage.merge if stage.seeded else ():
         src = os.path.join(results_dir, name)
@@ -138,7 +138,7 @@ def seed_rows(stage: Stage, stage_dir: str, results_dir: str) -> int:
 
 
 def _is_gpu_row(line: str) -> bool:
-    """Rows of the seed-scale configs (the CPU grid's rows share the task files)."""
+    """Rows of the full-scale configs (the CPU grid's rows share the task files)."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError:
@@ -245,7 +245,7 @@ def run_session(stages, *, budget_s: float, out: str, results_dir: str = RESULTS
     if meta["missing_modules"]:
         log(f"missing modules (the stages that import them will fail): {meta['missing_modules']}")
     env = dict(os.environ, SPARSE_ATTN_COMMIT=commit, PYTHONUNBUFFERED="1")
-    if not rehearse:  # a stage whose CUDA fails to load must fail, not train on the host's CPU as "seed" rows
+    if not rehearse:  # a stage whose CUDA fails to load must fail, not train on the host's CPU as "full" rows
         env["JAX_PLATFORMS"] = "cuda"
     shares, carry, records = allot(stages, budget_s), 0.0, []
     with open(os.path.join(out, "gpu_session.log"), "a") as log_file:
@@ -257,7 +257,7 @@ def run_session(stages, *, budget_s: float, out: str, results_dir: str = RESULTS
             own = allotted - stage.margin_s
             argv = [stage.module, *stage.argv(stage_dir, own), *(stage.rehearse if rehearse else ())]
             record = dict(stage=stage.name, allotted_s=round(allotted, 1), command="python -m " + " ".join(argv),
-                          seeded_rows=seed_rows(stage, stage_dir, results_dir), rc=None, took_s=0.0)
+                          seeded_rows=committed_rows(stage, stage_dir, results_dir), rc=None, took_s=0.0)
             if own < 10:
                 record["status"] = "skipped (no time left)"
             else:

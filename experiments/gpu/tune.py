@@ -1,4 +1,4 @@
-"""Tile sweep of the dense-class kernel on one GPU (issue 12, part 3): which Triton tiles, warps and pipeline stages
+"""Tile sweep of the dense-class kernel on one GPU: which Triton tiles, warps and pipeline stages
 per head dim, timed side by side with cuDNN dense in one run.
 
 Command (one H200, nothing installed; a 200 s budget by default, after or instead of experiments/gpu/check.py):
@@ -136,7 +136,7 @@ def main(argv=None) -> list[dict]:
     head_dims = (32,) if args.dry_run else (64, 128)
     dev = jax.devices()[0]
     common = dict(commit=git_commit(), device=dev.device_kind, jax=jax.__version__,
-                  date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                  date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     rec = gpu_check.Recorder(args.out, common, p, name="gpu_tune", render=markdown)
     log = lambda msg: print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)  # noqa: E731
     emit = lambda row: rec.emit(row, log)  # noqa: E731

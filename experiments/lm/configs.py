@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from sparse_attn.data import StdlibSource, TextSource, TfdsSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.modules import LocalAttention
+from sparse_attn.modules.labels import LabelRouterConfig, LabelSchedule
 from sparse_attn.studies.cells import Scale, grid_cells
 from sparse_attn.studies.mechanisms import Context, attention_config
 from sparse_attn.train import TrainConfig
@@ -28,27 +27,11 @@ class LMConfig:
     train: TrainConfig
 
 
-# The implementation each mechanism runs on CPU when none is asked for, by measurement (`python -m
-# experiments.benchmarks.lm_step --rounds 3` at n = 128 on a quiet machine, `--seq_len 512 --batch 8 --rounds 2 --tag
-# n512` at load ~4; experiments/results/bench_lm_step{,_n512}.md; reference/default CPU time): dense takes
-# "reference" (0.97x at 128, 0.84x at 512: the materialised softmax beats the blocked "xla" default); local (1.03x,
-# 1.45x), Longformer (0.94x, 1.27x), BigBird (0.84x, 1.16x) and ABCA (1.35x at 128) keep their default executors,
-# which win from the grids' lengths (256-1024) on. Losses agree to 5e-7. Labels pick only their hard phase's
-# executor (`LabelAttentionConfig.implementation`). Accelerators, and mechanisms not measured, use None.
-CPU_IMPLEMENTATION = {"dense": "reference"}
-AUTO = "auto"
-
-
-def pinned_implementation(name: str) -> str | None:
-    """The implementation `attention_by_name` gives mechanism `name` on this backend."""
-    return CPU_IMPLEMENTATION.get(name) if jax.default_backend() == "cpu" else None
-
-
-def attention_by_name(name: str, seq_len: int, implementation: str | None = AUTO):
+def attention_by_name(name: str, seq_len: int, implementation: str | None = None):
     """A causal mechanism of the registry (`sparse_attn.studies.mechanisms`) for the byte LM at `seq_len`;
-    `implementation=AUTO` takes `pinned_implementation(name)`."""
-    impl = pinned_implementation(name) if implementation == AUTO else implementation
-    return attention_config(name, Context.lm(seq_len, impl), causal=True)
+    `implementation=None` leaves the executor to the executor registry, which picks per platform and pattern (on
+    CPU, "reference" for dense: sparse_attn/executors/reference.py has the measurement)."""
+    return attention_config(name, Context.lm(seq_len, implementation), causal=True)
 
 
 def smoke() -> LMConfig:
@@ -124,7 +107,8 @@ CONFIGS = {
     "smoke_labels": smoke_labels,
     "smoke_labels_local": lambda: smoke_labels("local"),
     # The transition before the ramp, for comparison: σ(R/τ) memberships, soft -> straight-through at once.
-    "smoke_labels_no_ramp": lambda: smoke_labels(membership="sigmoid", ramp_frac=0.0, straight_through_frac=0.5),
+    "smoke_labels_no_ramp": lambda: smoke_labels(router=LabelRouterConfig(membership="sigmoid"),
+                                                  schedule=LabelSchedule(ramp=0.0, straight_through=0.5)),
 }
 
 
@@ -138,20 +122,20 @@ SCALES = {
     "cpu": Scale(layers=2, dim=128, heads=4, mlp=512, batch=16, steps=600, lr=3e-3, warmup=60, eval_every=150,
                  eval_batches=16, checkpoint_every=150),
     # The same model for 300 steps, the scale of every committed LM row. Command: `python -m experiments.lm.grid
-    # --config cpu_short --n 256 --variant <v> --budget 24 --seed <s>`. Expected (3 seeds, bits/byte, n = 256):
-    # dense 2.560, local 2.441, Longformer 2.444, ABCA 2.437, labels 2.853, labels_pos 2.540; n = 1024: dense
+    # --config cpu_short --n 256 --mechanism <v> --budget 24 --seed <s>`. Expected (3 seeds, bits/byte, n = 256):
+    # dense 2.560, local 2.441, Longformer 2.444, ABCA 2.437, labels_d8k2 2.853, labels_pos 2.540; n = 1024: dense
     # 2.501, local 2.284, Longformer 2.293, ABCA 2.277 (docs/results.md, "Language modelling").
     "cpu_short": Scale(layers=2, dim=128, heads=4, mlp=512, batch=16, steps=300, lr=3e-3, warmup=30, eval_every=100,
                        eval_batches=16, checkpoint_every=100),
 }
 
-CORE = ("dense", "local", "labels", "abca")
+CORE = ("dense", "local", "labels_d8k2", "abca")
 GRIDS = {
     "smoke": grid_cells((64,), ("dense", "local"), 12, (0,)),
     # The smallest meaningful comparison: n = 256, 24 keys per query (dense: 128.5), one seed.
     "cpu_core": grid_cells((256,), CORE, 24, (0,)),
     # Every mechanism at 256 and 1024, 3 seeds (the headline rows).
-    "cpu_all": grid_cells((256, 1024), ("dense", "local", "longformer", "bigbird", "labels", "labels_d16k2",
+    "cpu_all": grid_cells((256, 1024), ("dense", "local", "longformer", "bigbird", "labels_d8k2", "labels_d16k2",
                                         "labels_d4k1", "abca", "abca_hs2", "abca_global", "abca_fixed",
                                         "abca_learned"), 24, (0, 1, 2)),
 }

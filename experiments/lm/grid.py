@@ -1,12 +1,12 @@
 """Byte-level LM at equal attention budgets: one mechanism in every layer, budgets matched by keys per query.
 
-    # one cell (workdir runs/lm_grid/<config>/n<n>_<variant>_k<budget>_s<seed>; re-running resumes)
-    python -m experiments.lm.grid --config cpu --n 256 --variant labels --budget 24 --seed 0
+    # one cell (workdir runs/lm_grid/<config>/n<n>_<mechanism>_k<budget>_s<seed>; re-running resumes)
+    python -m experiments.lm.grid --config cpu --n 256 --mechanism labels_d8k2 --budget 24 --seed 0
     # a grid: every cell without a result row, each in a subprocess with a time limit (rerun to resume)
     nice -n 10 python -m experiments.lm.grid --grid cpu_core --time_limit 1800
     python -m experiments.lm.grid --report            # the table of experiments/results/lm.jsonl
 
-Variants and the budget convention: `sparse_attn/studies/budget.py` (the dense row is the unmatched reference). Data:
+Presets and the budget convention: `sparse_attn/studies/budget.py` and the mechanisms' records (the dense row is the unmatched reference). Data:
 the embedded stdlib corpus (`experiments/lm/train.py`). Each finished cell appends one JSON line to `--results`
 (default experiments/results/lm.jsonl) with the command and git commit: validation bits/byte (and its gap to the
 dense row of the same config, n and seed when that row exists), tokens/s, peak compiled train-step memory,
@@ -34,9 +34,9 @@ from sparse_attn.data import StdlibSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.studies import cli
 from sparse_attn.studies.budget import (
-    VARIANTS,
     attention_for_budget,
-    check_variant,
+    budget_names,
+    check_budget_name,
     keys_per_query,
     newline_windows,
     recorded_fields,
@@ -60,7 +60,7 @@ RESULTS = os.path.join("experiments", "results", "lm.jsonl")
 # ---------------------------------------------------------------------------------------------- one cell
 
 def cell_workdir(runs_dir: str, config: str, cell: Cell) -> str:
-    return os.path.join(runs_dir, config, f"n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
+    return os.path.join(runs_dir, config, f"n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
 
 
 def run_cell(config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "", log=print,
@@ -70,7 +70,7 @@ def run_cell(config: str, cell: Cell, *, workdir: str, results: str | None, comm
     scale = scale or SCALES[config]
     corpus = StdlibSource().load()
     tokens = newline_windows(corpus.train_U8, cell.n)  # explicit anchors' budget is measured on these windows
-    att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
+    att = attention_for_budget(cell.mechanism, n=cell.n, keys_per_query_target=cell.budget, tokens_BxN=tokens)
     planned = keys_per_query(att, cell.n, tokens)
     model, train = model_and_train(scale, cell.n, att, cell.seed)
     summary = lm_train.train_and_evaluate(LMConfig(model=model, train=train), workdir, log=log)
@@ -101,7 +101,7 @@ def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainCo
     valid = read_metrics(workdir, "valid") if os.path.exists(os.path.join(workdir, "metrics.jsonl")) else {}
     tuned = recorded_fields(attention)
     row = {
-        "kind": "lm", "config": config, "n": cell.n, "variant": cell.variant, "budget_keys_per_query": cell.budget,
+        "kind": "lm", "config": config, "n": cell.n, "mechanism": cell.mechanism, "budget_keys_per_query": cell.budget,
         "seed": cell.seed, "steps": summary["step"],
         "valid_bits_per_byte": float(bpb),
         "train_bits_per_byte": finite(summary.get("train", {}).get("bits_per_byte")),
@@ -127,7 +127,7 @@ def result_row(config: str, cell: Cell, model: TransformerConfig, train: TrainCo
 def dense_row(path: str, config: str, cell: Cell) -> dict | None:
     """The newest dense row of the same config, n and seed (its budget is irrelevant: dense is unmatched)."""
     rows = [r for r in read_rows(path) if r.get("kind") == "lm" and "valid_bits_per_byte" in r
-            and (r.get("config"), r.get("n"), r.get("variant"), r.get("seed")) == (config, cell.n, "dense", cell.seed)]
+            and (r.get("config"), r.get("n"), r.get("mechanism"), r.get("seed")) == (config, cell.n, "dense", cell.seed)]
     return rows[-1] if rows else None
 
 
@@ -142,12 +142,12 @@ def run_grid(cells: list[Cell], *, config: str, results: str, runs_dir: str, tim
              run=run_subprocess, log=print) -> dict[Cell, str]:
     """Run the cells without a result row, dense first within each (n, seed) so gaps can be computed."""
     status = {}
-    order = sorted(cells, key=lambda c: (c.n, c.seed, c.variant != "dense"))
+    order = sorted(cells, key=lambda c: (c.n, c.seed, c.mechanism != "dense"))
     for cell in order:
         if (config, *cell) in {row_key(r) for r in read_rows(results)}:
             status[cell] = "done before"
             continue
-        argv = ["--config", config, "--n", str(cell.n), "--variant", cell.variant, "--budget", f"{cell.budget:g}",
+        argv = ["--config", config, "--n", str(cell.n), "--mechanism", cell.mechanism, "--budget", f"{cell.budget:g}",
                 "--seed", str(cell.seed), "--results", results,
                 "--workdir", cell_workdir(runs_dir, config, cell)]
         log(f"== {cell}")
@@ -159,25 +159,25 @@ def run_grid(cells: list[Cell], *, config: str, results: str, runs_dir: str, tim
 
 
 def report(rows: list[dict]) -> str:
-    """A markdown table: one line per (config, n, variant, budget), mean over seeds; gap vs the dense mean."""
+    """A markdown table: one line per (config, n, mechanism, budget), mean over seeds; gap vs the dense mean."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("kind") == "lm":
             groups.setdefault(row_key(r)[:4], []).append(r)
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     dense = {(k[0], k[1]): mean([r["valid_bits_per_byte"] for r in v]) for k, v in groups.items() if k[2] == "dense"}
-    lines = ["| config | n | variant | keys/query (target, measured) | seeds | bits/byte | gap to dense | "
+    lines = ["| config | n | mechanism | keys/query (target, measured) | seeds | bits/byte | gap to dense | "
              "attn/dense | tokens/s | peak MiB | command |", "|" + "---|" * 11]
-    for (config, n, variant, budget), rs in sorted(groups.items()):
+    for (config, n, mechanism, budget), rs in sorted(groups.items()):
         bpb = mean([r["valid_bits_per_byte"] for r in rs])
         d = dense.get((config, n))
-        gap = f"{100 * (bpb / d - 1):+.2f}%" if d and variant != "dense" else "–"
+        gap = f"{100 * (bpb / d - 1):+.2f}%" if d and mechanism != "dense" else "–"
         keys = mean([mean([layer["keys_per_query"] for layer in r["layers"]]) for r in rs if r.get("layers")])
         tok = [r["tokens_per_s"] for r in rs if r.get("tokens_per_s")]
         peak = [r["memory_mib"]["peak_mib"] for r in rs if r.get("memory_mib", {}).get("peak_mib")]
         ratio = [r["attn_vs_dense"] for r in rs if r.get("attn_vs_dense") is not None]
-        target = "–" if variant == "dense" else f"{budget:g}"
-        lines.append(f"| {config} | {n} | {variant} | {target}, {keys:.1f} | {len(rs)} | {bpb:.4f} | {gap} | "
+        target = "–" if mechanism == "dense" else f"{budget:g}"
+        lines.append(f"| {config} | {n} | {mechanism} | {target}, {keys:.1f} | {len(rs)} | {bpb:.4f} | {gap} | "
                      f"{mean(ratio):.2f} | {f'{mean(tok):,.0f}' if tok else '–'} | {f'{mean(peak):.1f}' if peak else '–'} | "
                      f"`{rs[0].get('command', '')}` |")
     return "\n".join(lines)
@@ -189,10 +189,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", choices=sorted(SCALES), default="cpu")
     parser.add_argument("--grid", choices=sorted(GRIDS), help="run every cell of this grid (subprocesses)")
     parser.add_argument("--n", type=int, default=256)
-    parser.add_argument("--variant", default="dense", help=", ".join(VARIANTS))
+    parser.add_argument("--mechanism", default="dense", help=", ".join(budget_names()))
     parser.add_argument("--budget", type=float, default=24.0, help="target keys per query (allowed pairs / token)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", help="default runs/lm_grid/<config>/n<n>_<variant>_k<budget>_s<seed>")
+    parser.add_argument("--workdir", help="default runs/lm_grid/<config>/n<n>_<mechanism>_k<budget>_s<seed>")
     parser.add_argument("--results", default=RESULTS)
     parser.add_argument("--runs_dir", default=os.path.join("runs", "lm_grid"))
     parser.add_argument("--time_limit", type=float, default=3600, help="seconds per cell (--grid)")
@@ -207,13 +207,13 @@ def main(argv=None) -> dict:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
                           time_limit_s=args.time_limit)
         return print_status(status)
-    check_variant(args.variant)
-    cell = Cell(args.n, args.variant, args.budget, args.seed)
+    check_budget_name(args.mechanism)
+    cell = Cell(args.n, args.mechanism, args.budget, args.seed)
     command = "python -m experiments.lm.grid " + shlex.join(argv if argv is not None else sys.argv[1:])
     scale = dataclasses.replace(SCALES[args.config], eval_every=args.eval_every) if args.eval_every else None
     row = run_cell(args.config, cell, workdir=args.workdir or cell_workdir(args.runs_dir, args.config, cell),
                    results=args.results, command=command, scale=scale)
-    print(json.dumps({k: row[k] for k in ("n", "variant", "steps", "valid_bits_per_byte", "gap_to_dense_pct",
+    print(json.dumps({k: row[k] for k in ("n", "mechanism", "steps", "valid_bits_per_byte", "gap_to_dense_pct",
                                           "planned_keys_per_query", "tokens_per_s")}))
     return row
 

@@ -86,7 +86,7 @@ def module_core_fns(module, labels, reach: int):
     """`core_fns` with a label layer's own radius, landmarks, label count and block (causal, as in the LM)."""
     cfg = module.config
     base = BaseGraph(radius=cfg.radius, landmark_every=cfg.landmarks, causal=True)
-    return core_fns(labels, reach, num_labels=cfg.num_labels, base=base, block=cfg.block)
+    return core_fns(labels, reach, num_labels=cfg.num_labels, base=base, block=cfg.capacity.block)
 
 
 def time_settings(built: dict, q, k, v, repeats: int) -> dict:

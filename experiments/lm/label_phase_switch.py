@@ -15,6 +15,7 @@ Writes: nothing; prints the loss of each phase variant at the checkpoint.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 
@@ -27,6 +28,7 @@ from flax import nnx
 from experiments.lm import configs as lm_configs
 from sparse_attn.data.iterators import RandomWindows, eval_batches
 from sparse_attn.models.transformer import TransformerLM
+from sparse_attn.modules.labels.config import MOVED, instead_of
 from sparse_attn.studies import cli
 from sparse_attn.train import checkpoint
 from sparse_attn.train import mesh as mesh_lib
@@ -59,7 +61,8 @@ def restored(config: lm_configs.LMConfig, workdir: str, step: int, num_steps: in
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """`--label KEY=VALUE ...` as a dict of Python literals; a malformed item is a ValueError naming it."""
+    """`--label KEY=VALUE ...` as a dict of Python literals (KEY a field of the label config, or `group.field` of
+    one of its groups: `router.freeze_when_hard=False`); a malformed item is a ValueError naming it."""
     overrides = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -73,6 +76,42 @@ def parse_overrides(items: list[str]) -> dict:
     return overrides
 
 
+def replaced(config, overrides: dict):
+    """`dataclasses.replace(config, ...)` with `overrides`, whose `group.field` keys change a field of the group
+    (a nested config) and keep its other fields; an unknown field is a ValueError naming it."""
+    top, nested = {}, {}
+    for key, value in overrides.items():
+        head, _, rest = key.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[key] = value
+    fields = {f.name for f in dataclasses.fields(config)}
+    labels = getattr(config, "mechanism", None) == "labels"  # the label config (not a group of it)
+    for name in sorted(set(top) | set(nested)):
+        if name not in fields:
+            if labels and name in MOVED:  # an earlier version's flat field
+                raise ValueError(f"{type(config).__name__} has no field {name}: use --label "
+                                 f"{'.'.join(MOVED[name])}=...")
+            hint = instead_of(name) if labels else None
+            raise ValueError(f"{type(config).__name__} has no field {name}" +
+                             (f": use {hint}" if hint else f"; its fields: {', '.join(sorted(fields))}"))
+    for head, changes in nested.items():
+        group = getattr(config, head)
+        if not dataclasses.is_dataclass(group):
+            raise ValueError(f"{type(config).__name__}.{head} is not a group of fields (--label {head}.…)")
+        top[head] = replaced(group, changes)
+    return dataclasses.replace(config, **top)
+
+
+def with_label_overrides(config: lm_configs.LMConfig, overrides: dict) -> lm_configs.LMConfig:
+    """`config` with every label layer's config `replaced` by `overrides`."""
+    change = lambda att: replaced(att, overrides) if getattr(att, "mechanism", None) == "labels" else att  # noqa: E731
+    att = config.model.attention
+    att = tuple(map(change, att)) if isinstance(att, tuple) else change(att)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, attention=att))
+
+
 @cli.entry_point
 def main(argv=None):
     parser = cli.ArgumentParser(__doc__)
@@ -80,14 +119,16 @@ def main(argv=None):
     parser.add_argument("--config", choices=sorted(lm_configs.CONFIGS), default="smoke_labels",
                         help="the run's config (ignored with --label, which rebuilds smoke_labels)")
     parser.add_argument("--label", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="smoke_labels overrides of the label config, e.g. ramp_thinning=False")
+                        help="smoke_labels overrides of the label config, e.g. ramp_thinning=False "
+                             "router.freeze_when_hard=False")
     parser.add_argument("--checkpoint", type=int, required=True)
     parser.add_argument("--steps", type=int, nargs="+", required=True)
     parser.add_argument("--batches", type=int, nargs=2, required=True, help="training batches [start, stop)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     overrides = parse_overrides(args.label)
-    config = lm_configs.smoke_labels(**overrides) if overrides else lm_configs.CONFIGS[args.config]()
+    config = with_label_overrides(lm_configs.smoke_labels(), overrides) if overrides else \
+        lm_configs.CONFIGS[args.config]()
     if not os.path.isdir(args.workdir):
         raise FileNotFoundError(f"no run directory {args.workdir!r} (--workdir: a label LM run, e.g. of "
                                 "`python -m experiments.lm --config smoke_labels`)")

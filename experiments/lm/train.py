@@ -13,8 +13,8 @@ the command resumes from the last checkpoint; a finished run only re-evaluates. 
 model, data or schedule is refused naming the fields; `--allow_change train.num_steps` (an fnmatch
 pattern, repeatable) accepts a change on purpose, e.g. extending a run with a longer schedule.
 
-Attention per layer: `--attention local,dense` (one name per layer, or one name for all layers; names in
-`sparse_attn.studies.mechanisms.mechanism_names(causal=True)`: dense, local, longformer, bigbird, labels, abca).
+Mechanism per layer: `--mechanism local,dense` (one name per layer, or one name for all layers; `--help` lists
+the registered names).
 Multi-host: see `sparse_attn/train/distributed.py` and docs/training.md.
 
 Writes: the workdir: metrics.jsonl, checkpoints/, summary.json, loss_curves.png.
@@ -33,7 +33,7 @@ from sparse_attn.data import RandomWindows, TextSource, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
 from sparse_attn.studies.lm import corpus_fingerprint, eval_fn, loss_fn
-from sparse_attn.studies.mechanisms import parse_names
+from sparse_attn.studies.mechanisms import mechanism_names, parse_names
 from sparse_attn.train import distributed, read_metrics
 from sparse_attn.train import train_and_evaluate as train_loop
 
@@ -42,7 +42,8 @@ from sparse_attn.train import train_and_evaluate as train_loop
 # ---------------------------------------------------------------------------------------------- run
 
 # May differ on resume without --allow_change: the executor computes the same attention (tested
-# against the reference), and the CPU pin per mechanism (CPU_IMPLEMENTATION) may change with new measurements.
+# against the reference); stored runs from before name the executor the LM configs pinned ("reference" for dense on
+# CPU), which the executor registry now picks for None (sparse_attn/executors/reference.py).
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
 
@@ -115,7 +116,8 @@ def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="smoke")
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--attention", help="comma-separated names, one per layer (or one for all)")
+    parser.add_argument("--mechanism", help="comma-separated, one per layer or one for all: "
+                        f"{', '.join(mechanism_names(causal=True))}")
     parser.add_argument("--num_steps", type=int)
     parser.add_argument("--text", help="train on this text file or folder instead of the stdlib corpus")
     parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
@@ -128,8 +130,8 @@ def main(argv=None) -> dict:
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     config = CONFIGS[args.config]()
-    if args.attention:
-        names = parse_names(args.attention, config.model.num_layers)
+    if args.mechanism:
+        names = parse_names(args.mechanism, config.model.num_layers)
         att = tuple(attention_by_name(n, config.train.seq_len) for n in names)
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, attention=att))
     if args.num_steps is not None:

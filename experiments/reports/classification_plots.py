@@ -12,31 +12,31 @@ from experiments.reports.classification_tables import (
 
 
 def plot_task(task: str, entries: list[dict], plots_dir: str) -> list[str]:
-    """`classify_<task>_{acc_vs_n,acc_vs_memory,loss_vs_flops}.png`, one series per (config, attention)."""
+    """`classify_<task>_{acc_vs_n,acc_vs_memory,loss_vs_flops}.png`, one series per (config, mechanism)."""
     from matplotlib.figure import Figure  # noqa: PLC0415 — only the report needs it
 
     series = collections.defaultdict(list)
     for e in entries:
         if e["acc"] is not None:
-            series[(e["config"], e["attention"])].append(e)
-    curves = {(e["config"], e["attention"], e["n"]): e["curve"] for e in entries if e["curve"]}
+            series[(e["config"], e["mechanism"])].append(e)
+    curves = {(e["config"], e["mechanism"], e["n"]): e["curve"] for e in entries if e["curve"]}
     paths = []
     for kind in ("n", "memory", "flops"):
         fig = Figure(figsize=(7, 4.2))
         ax = fig.add_subplot()
         if kind == "flops":
-            for (config, attention, n), curve in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][2],
+            for (config, name, n), curve in sorted(curves.items(), key=lambda kv: (kv[0][0], kv[0][2],
                                                                                         _order(kv[0][1]))):
                 ax.plot([f for f, _ in curve], [v for _, v in curve], marker=".",
-                        label=f"{attention} n={n} ({config})")
+                        label=f"{name} n={n} ({config})")
             ax.set_xscale("log")
             ax.set(xlabel="training FLOPs", ylabel="validation loss (nats)", title=f"{task}: loss per training FLOP")
             if curves:
                 ax.legend(fontsize=6, ncol=2)
         else:
-            for (config, attention), es in sorted(series.items(), key=lambda kv: (kv[0][0], _order(kv[0][1]))):
+            for (config, name), es in sorted(series.items(), key=lambda kv: (kv[0][0], _order(kv[0][1]))):
                 es = sorted(es, key=lambda e: e["n"])
-                label = f"{attention} ({config})"
+                label = f"{name} ({config})"
                 if kind == "n":
                     ax.errorbar([e["n"] for e in es], [e["acc"] for e in es], yerr=[e["acc_std"] or 0 for e in es],
                                 marker="o", capsize=3, label=label)
@@ -54,8 +54,8 @@ def plot_task(task: str, entries: list[dict], plots_dir: str) -> list[str]:
             if series:
                 ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-        name = {"n": "acc_vs_n", "memory": "acc_vs_memory", "flops": "loss_vs_flops"}[kind]
-        path = os.path.join(plots_dir, f"classify_{task}_{name}.png")
+        stem = {"n": "acc_vs_n", "memory": "acc_vs_memory", "flops": "loss_vs_flops"}[kind]
+        path = os.path.join(plots_dir, f"classify_{task}_{stem}.png")
         fig.savefig(path, dpi=100, bbox_inches="tight")
         paths.append(path)
     return paths

@@ -1,21 +1,23 @@
-"""The classification rows as tables: result lines grouped by (task, config, n, attention) and summarized over
-seeds, the headline and detail tables of docs/results.md's classification section."""
+"""The classification rows as tables: result lines grouped by (task, config, n, mechanism) and summarized over
+seeds; the headline tables of docs/results.md's classification section and the detail tables of its companion file
+(experiments/results/classification_details.md)."""
 
 from __future__ import annotations
 
 import collections
 import functools
 import glob
-import json
 import math
 import os
+import re
 import statistics
 
+from experiments.reports.rows import mechanism, read_rows
 from sparse_attn.studies.tasks import make_task
 
 BEGIN = "<!-- classification:begin (python -m experiments.reports.results writes this section) -->"
 END = "<!-- classification:end -->"
-NOTE_FILE = "classify_note.md"  # the machine, its load and the scale of the runs in results_dir
+DETAILS_FILE = "classification_details.md"  # the companion file: every column of every cell
 
 # Majority-class accuracy (docs/tasks.md), the floor a model that learned nothing reaches, for rows that do not
 # say how many validation examples they used; otherwise `majority` counts the labels of those examples.
@@ -35,72 +37,54 @@ def majority(task: str, n: int, num_validation: int | None) -> float | None:
     count = min(len(source), num_validation)
     labels = collections.Counter(int(source[i]["label"]) for i in range(count))
     return max(labels.values()) / count if count else None
+
+
 HIERARCHICAL = ("listops", "dyck")
 IMAGES = ("pathfinder", "digits", "cifar10")
-SEED_MECHANISM = "noncrossing_defect"  # seed 002's mechanism (non-crossing routing, defect-pair router)
+SEED_MECHANISM = "noncrossing_defect"  # the non-crossing research document's mechanism (defect-pair router)
 
-HOW_TO_RUN = """### How to run
-
-```bash
-# one cell (a workdir under runs/classify/; re-running resumes)
-python -m experiments.classification --task dyck --n 128 --attention noncrossing_defect --config cpu --num_steps 600 \\
-    --results experiments/results/dyck.jsonl
-# the CPU grid, one cell at a time in its priority order (rerun to resume, finished cells are skipped)
-nice -n 10 python -m experiments.classification.grid --grid cpu --config cpu --time_limit 1200 --deadline 07:55
-# seed scale on one GPU: as many `seed` cells as fit the budget, results and this report under $OUT (on a lent
-# device it runs as a stage of `python -m experiments.gpu.session`: docs/kernels.md, "One device call")
-python -m experiments.gpu.classify --budget 570 --out "$OUT"
-python -m experiments.reports.results   # this section (add --results_dir "$OUT" for the GPU rows alone)
-```
+LEGEND = """**accuracy**: mean ± sample std over seeds (init and batch order); **Δ dense**: minus dense's mean in the
+same cell, in points; **(chance)**: within 2 points of the majority class; **attn/dense**: allowed attention pairs
+relative to dense; **peak MiB**: XLA's compiled memory of the whole train step, with its ratio to dense.
 """
 
-COLUMNS = """### Columns
-
-* **seeds**: runs (init and batch-order seeds) in the row; the data set is the same for every seed.
-* **accuracy**: validation accuracy over real examples, mean ± sample std over seeds; **Δ dense**: mean minus
-  dense's mean at the same task, n and config, in points (1 point = 0.01). **chance**: the majority class.
-* **attn/dense**: allowed attention pairs relative to dense (mean over layers): the attention memory of an
-  implementation that stores one score per allowed pair. **peak MiB**: XLA's compiled memory analysis of the
-  whole train step (arguments + outputs − aliased + temporaries), with its ratio to dense.
-* **train FLOP**: total training FLOPs, 6 · params · tokens for projections and MLPs plus 3 × each layer's
-  forward attention FLOPs from its pattern (sparse_attn/studies/classification.py).
-* **ms/step**: wall clock of the training loop (evaluations included) and **load**: the 1-minute load average
-  sampled every 5 s during the cell (experiments/classification/grid.py). On the shared CPU machine both vary with
-  the other jobs: compare times only at similar load.
-* **layer statistics**: per layer, keys per query and, where the mechanism reports them, ABCA anchors per
-  sequence, zone size and inserted anchors, label attention's degree and disconnected fraction, routing's
-  surviving arcs; every statistic is in the JSONL rows.
-* **command**: the command of the row's first seed (`--seed` selects the others), under the script's current
-  module name (rows from before the experiments/ folders recorded `experiments.classify`; the flags are the same);
-  the rows also hold the commit the code was taken from (`git_commit`).
+DETAILS_COLUMNS = """Columns: **by bucket**: accuracy per task-specific bucket (nesting depth, distance), mean over seeds;
+**loss**: validation loss; **temp MiB**: the compiled step's temporaries; **train FLOP**: 6 · params · tokens for
+projections and MLPs plus 3 × each layer's forward attention FLOPs from its pattern
+(sparse_attn/studies/classification.py); **ms/step** and **tokens/s**: wall clock of the training loop (evaluations
+included) and **load**: the 1-minute load average sampled during the cell, on a CPU shared with other jobs, so
+times compare only at similar load; **layer statistics**: per layer, keys per query and, where the mechanism
+reports them, ABCA anchors per sequence, zone size and inserted anchors, label attention's degree and disconnected
+fraction, routing's surviving arcs; **command**: the first seed's (`--seed` selects the others), under the module
+name that runs it now.
 """
 
 
-# Old module name -> current, for the commands rows recorded before the scripts moved into folders (issue 36).
+# Old module name -> current, for the commands rows recorded before the scripts moved into folders.
 MOVED = {"python -m experiments.classify ": "python -m experiments.classification "}
+# Old flag or value -> current, for the commands rows recorded before the renames (CHANGELOG.md).
+RENAMED = {" --attention ": " --mechanism ", " --config seed ": " --config full "}
+FULL_CONFIGS = ("full", "seed")  # the research document's scale (`seed` before the rename)
+# An absolute path into the checkout the row ran in (`/somewhere/runs/grid/...`): shown from the repository root.
+CHECKOUT_PATH = re.compile(r"(?<=\s)/\S*?/(?=(?:runs|experiments)/)")
 
 
 def current_command(command: str) -> str:
-    """`command` as recorded, its module renamed to the one that runs it now."""
+    """`command` as recorded, under the module and flag names that run it now, its paths relative to the repository
+    root."""
     for old, new in MOVED.items():
         if command.startswith(old):
-            return new + command[len(old):]
-    return command
+            command = new + command[len(old):]
+            break
+    for old, new in RENAMED.items():
+        command = command.replace(old, new)
+    return CHECKOUT_PATH.sub("", command)
 
 
 def load_rows(results_dir: str) -> list[dict]:
     """Every `kind == "classify"` line of `<results_dir>/*.jsonl` (unreadable lines skipped)."""
-    rows = []
-    for path in sorted(glob.glob(os.path.join(results_dir, "*.jsonl"))):
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict) and row.get("kind") == "classify" and "task" in row:
-                    rows.append(row)
-    return rows
+    return [row for path in sorted(glob.glob(os.path.join(results_dir, "*.jsonl"))) for row in read_rows(path)
+            if row.get("kind") == "classify" and "task" in row and mechanism(row) is not None]
 
 
 def _first(d: dict | None, *keys):
@@ -175,14 +159,14 @@ def _fmt(v, spec):
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One entry per (task, config, n, attention, steps), seeds pooled; the latest row of a repeated seed wins.
+    """One entry per (task, config, n, mechanism, steps), seeds pooled; the latest row of a repeated seed wins.
     Entries gain `delta` (points vs dense) and `peak_ratio` (vs dense) where dense ran the same cell."""
     groups = collections.defaultdict(dict)
     for row in rows:
-        key = (row["task"], row.get("config", ""), row["n"], row["attention"], row.get("steps") or 0)
+        key = (row["task"], row.get("config", ""), row["n"], mechanism(row), row.get("steps") or 0)
         groups[key][row.get("seed")] = row
     out = []
-    for (task, config, n, attention, _), by_seed in sorted(
+    for (task, config, n, name, _), by_seed in sorted(
             groups.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]), kv[0][2], kv[0][4], _order(kv[0][3]))):
         runs = [by_seed[s] for s in sorted(by_seed, key=str)]
         accs = [r["accuracy"] for r in runs if r.get("accuracy") is not None]
@@ -192,7 +176,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 if b and b.get("accuracy") is not None:
                     buckets[label].append(b["accuracy"])
         out.append({
-            "task": task, "config": config, "n": n, "attention": attention, "seeds": len(runs),
+            "task": task, "config": config, "n": n, "mechanism": name, "seeds": len(runs),
             "acc": _mean(accs), "acc_std": statistics.stdev(accs) if len(accs) > 1 else None,
             "buckets": {k: statistics.fmean(v) for k, v in buckets.items()},
             "loss": _mean(r.get("valid_loss") for r in runs),
@@ -211,10 +195,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             "chance": majority(task, n, runs[0].get("num_validation")),
             "delta": None, "peak_ratio": None, "delta_std": None,
         })
-    dense = {(e["task"], e["config"], e["n"], e["steps"]): e for e in out if e["attention"] == "dense"}
+    dense = {(e["task"], e["config"], e["n"], e["steps"]): e for e in out if e["mechanism"] == "dense"}
     for e in out:
         d = dense.get((e["task"], e["config"], e["n"], e["steps"]))
-        if d is None or e["attention"] == "dense":
+        if d is None or e["mechanism"] == "dense":
             continue
         if d["acc"] is not None and e["acc"] is not None:
             e["delta"] = 100 * (e["acc"] - d["acc"])
@@ -233,39 +217,38 @@ ORDER = ("dense", "local", "longformer", "bigbird", "abca", "abca_fixed", "abca_
          "noncrossing_defect", "noncrossing_brick", "noncrossing_adjacent")
 
 
-def _order(attention: str) -> tuple:
-    return (ORDER.index(attention), "") if attention in ORDER else (len(ORDER), attention)
+def _order(name: str) -> tuple:
+    return (ORDER.index(name), "") if name in ORDER else (len(ORDER), name)
+
+
+def _acc(e: dict) -> str:
+    return _fmt(e["acc"], ".3f") + ("" if e["acc_std"] is None else f" ± {e['acc_std']:.3f}")
 
 
 def headline_table(entries: list[dict]) -> str:
-    head = ("| n | attention | seeds | steps | accuracy | Δ dense (pts) | attn/dense | peak MiB (× dense) "
-            "| train FLOP | ms/step | load | command |")
+    head = "| n | mechanism | seeds | steps | accuracy | Δ dense (pts) | attn/dense | peak MiB (× dense) |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
-        acc = _fmt(e["acc"], ".3f") + ("" if e["acc_std"] is None else f" ± {e['acc_std']:.3f}")
+        acc = _acc(e)
         if e["acc"] is not None and e["chance"] is not None and e["acc"] <= e["chance"] + AT_CHANCE_PTS / 100:
             acc += " (chance)"
         delta = "–" if e["delta"] is None else _pts(e["delta"]) + (
             "" if e["delta_std"] is None else f" ± {e['delta_std']:.1f}")
         peak = _fmt(e["peak"], ".1f") + ("" if e["peak_ratio"] is None else f" ({e['peak_ratio']:.2f}×)")
-        lines.append(
-            f"| {e['n']} | {e['attention']} | {e['seeds']} | {e['steps']} | {acc} | {delta} "
-            f"| {_fmt(e['attn_ratio'], '.2f')} | {peak} | {_fmt(e['flop'], '.3g')} | {_fmt(e['ms'], '.0f')} "
-            f"| {_fmt(e['load'], '.1f')} | `{e['command']}` |")
+        lines.append(f"| {e['n']} | {e['mechanism']} | {e['seeds']} | {e['steps']} | {acc} | {delta} "
+                     f"| {_fmt(e['attn_ratio'], '.2f')} | {peak} |")
     return "\n".join(lines)
 
 
 def detail_table(entries: list[dict]) -> str:
-    head = ("| n | attention | seeds | accuracy | by bucket | loss | temp MiB | tokens/s | layer statistics "
-            "| commits |")
+    head = ("| n | mechanism | seeds | steps | accuracy | by bucket | loss | temp MiB | train FLOP | ms/step | load "
+            "| tokens/s | layer statistics | commits | command |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for e in entries:
-        acc = _fmt(e["acc"], ".3f") + ("" if e["acc_std"] is None else f" ± {e['acc_std']:.3f}")
         buckets = ", ".join(f"{k}: {v:.2f}" for k, v in e["buckets"].items()) or "–"
         lines.append(
-            f"| {e['n']} | {e['attention']} | {e['seeds']} | {acc} | {buckets} | {_fmt(e['loss'], '.3f')} "
-            f"| {_fmt(e['temp'], '.1f')} | {_fmt(e['tok_s'], ',.0f')} | {e['layer_stats']} "
-            f"| {', '.join(e['commits']) or '–'} |")
+            f"| {e['n']} | {e['mechanism']} | {e['seeds']} | {e['steps']} | {_acc(e)} | {buckets} "
+            f"| {_fmt(e['loss'], '.3f')} | {_fmt(e['temp'], '.1f')} | {_fmt(e['flop'], '.3g')} | {_fmt(e['ms'], '.0f')} "
+            f"| {_fmt(e['load'], '.1f')} | {_fmt(e['tok_s'], ',.0f')} | {e['layer_stats']} "
+            f"| {', '.join(e['commits']) or '–'} | `{e['command']}` |")
     return "\n".join(lines)
-
-

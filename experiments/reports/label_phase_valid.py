@@ -1,17 +1,17 @@
-"""Label attention's validation loss through its phase changes on the LM grid (issue 37: "at every phase change the
-validation loss rises by at most 1% and ends at or below its soft-phase best"), with a reference run of the same
+"""Label attention's validation loss through its phase changes on the LM grid (the target: "at every phase change
+the validation loss rises by at most 1% and ends at or below its soft-phase best"), with a reference run of the same
 seed read the same way (its "rise" at the same steps is what training noise alone gives).
 
-    python -m experiments.lm.grid --config cpu_short --n 256 --variant labels --budget 24 --seed <s> --eval_every 10 \
-        --results experiments/results/lm_label_phases.jsonl --runs_dir runs/lm_phases   # also labels_st, local
+    python -m experiments.lm.grid --config cpu_short --n 256 --mechanism labels_d8k2 --budget 24 --seed <s> \
+        --eval_every 10 --results experiments/results/lm_label_phases.jsonl --runs_dir runs/lm_phases  # also labels_st, local
     python -m experiments.reports.label_phase_valid --rows experiments/results/lm_label_phases.jsonl \
         --out experiments/results/labels_phases_lm.json --plot docs/img/labels_phases_lm.png
 
-The phase boundaries are the default schedule's (the `labels` budget variant's `phase_steps(steps)`: every budget
-variant keeps the default fractions). An evaluation at step s sees the state after s updates in phase(s), so the first
-evaluation of a phase is its first step's.
+The phase boundaries are the default schedule's (`LabelSchedule().phase_steps(steps)`: every label preset of the
+budget grids keeps the default fractions). An evaluation at step s sees the state after s updates in phase(s), so the
+first evaluation of a phase is its first step's.
 
-Writes: --out (JSON: per variant and seed, each change's rise, the final and soft-phase-best losses; the curves stay
+Writes: --out (JSON: per mechanism and seed, each change's rise, the final and soft-phase-best losses; the curves stay
 in --rows) and --plot;
 prints the markdown table docs/labels.md quotes.
 """
@@ -22,14 +22,14 @@ import json
 
 import numpy as np
 
+from experiments.reports.rows import mechanism, read_rows
+from sparse_attn.modules.labels.config import LabelSchedule
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS
-from sparse_attn.studies.cells import read_rows
 
 
 def boundaries(num_steps: int) -> dict[str, int]:
     """First step of each phase after the soft one under the default schedule of a `num_steps` run."""
-    s = VARIANTS["labels"].build(8, 64, 8).phase_steps(num_steps)  # any size: the fractions are the defaults
+    s = LabelSchedule().phase_steps(num_steps)  # the default fractions
     ramp, st = s.soft, s.soft + s.ramp
     return {"ramp": ramp, "straight_through": st, "hard": st + s.straight_through}
 
@@ -59,11 +59,11 @@ def analyse_row(row: dict, bounds: dict[str, int]) -> dict:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """{variant: {"seeds": [analyse_row ...], "boundaries": ...}} over rows of one config and n."""
+    """{mechanism: {"seeds": [analyse_row ...], "boundaries": ...}} over rows of one config and n."""
     out = {}
     for row in rows:
         bounds = boundaries(row["steps"])
-        entry = out.setdefault(row["variant"], {"boundaries": bounds, "seeds": []})
+        entry = out.setdefault(mechanism(row), {"boundaries": bounds, "seeds": []})
         entry["seeds"].append(analyse_row(row, bounds))
     for entry in out.values():
         entry["seeds"].sort(key=lambda r: r["seed"])
@@ -71,14 +71,14 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    lines = ["| variant | seed | rise → ramp | rise → straight-through | rise → hard | soft-phase best | final "
+    lines = ["| mechanism | seed | rise → ramp | rise → straight-through | rise → hard | soft-phase best | final "
              "| final ≤ soft best | keys/query (layers) |", "|---|---|---|---|---|---|---|---|---|"]
-    for variant, entry in summary.items():
+    for name, entry in summary.items():
         for r in entry["seeds"]:
             rises = [f"{100 * r['rises'][k]:+.1f}%" if k in r["rises"] else "–"
                      for k in ("ramp", "straight_through", "hard")]
             keys = " / ".join(f"{k:.1f}" for k in r["keys_per_query"])
-            lines.append(f"| {variant} | {r['seed']} | {' | '.join(rises)} | {r['soft_best']:.3f} | {r['final']:.3f} "
+            lines.append(f"| {name} | {r['seed']} | {' | '.join(rises)} | {r['soft_best']:.3f} | {r['final']:.3f} "
                          f"| {'yes' if r['final_at_or_below_soft_best'] else 'no'} | {keys} |")
     return "\n".join(lines)
 
@@ -91,11 +91,11 @@ def plot(summary: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     colors = dict(zip(summary, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
-    for variant, entry in summary.items():
+    for name, entry in summary.items():
         for i, r in enumerate(entry["seeds"]):
             steps = sorted(r["curve"])
-            ax.plot(steps, [r["curve"][s] for s in steps], color=colors[variant], lw=1.0, alpha=0.85,
-                    label=variant if i == 0 else None)
+            ax.plot(steps, [r["curve"][s] for s in steps], color=colors[name], lw=1.0, alpha=0.85,
+                    label=name if i == 0 else None)
     bounds = next(iter(summary.values()))["boundaries"]
     for name, b in bounds.items():
         ax.axvline(b, color="grey", ls=":", lw=0.8)

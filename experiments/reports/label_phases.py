@@ -119,9 +119,8 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print({k: {m: round(x, 4) for m, x in v.items() if x is not None} for k, v in result["paired_steps"].items()},
-              "valid %.3f ± %.3f, reference %.3f ± %.3f" % (result["valid_mean"], result["valid_std"],
-                                                           result["reference_valid_mean"],
-                                                           result["reference_valid_std"]))
+              f"valid {result['valid_mean']:.3f} ± {result['valid_std']:.3f}, reference "
+              f"{result['reference_valid_mean']:.3f} ± {result['reference_valid_std']:.3f}")
         return
     if not args.runs or not args.plot:
         parser.error("--runs and --plot are required without --seed_pairs")
@@ -179,13 +178,13 @@ def main(argv=None):
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     for name, r in results.items():
-        print(name, f"steps {r['train_steps']}, valid bits/byte %.4f at step {r['final_valid_step']}"
-              % r["final_valid_bits_per_byte"],
+        print(name, f"steps {r['train_steps']}, valid bits/byte {r['final_valid_bits_per_byte']:.4f} at step "
+              f"{r['final_valid_step']}",
               "keys/query", r["keys_per_query_last20"], "jumps", {k: round(v, 4) for k, v in r["jumps"].items()},
-              "noise std %.4f" % r["noise_std"],
+              f"noise std {r['noise_std']:.4f}",
               "dropped mass at the ramp's end", {k: round(v, 4) for k, v in r["dropped_mass_ramp_end"].items()},
               *(["paired steps", {k: round(v, 4) for k, v in r["paired"]["steps"].items()},
-                 "paired noise std %.4f" % r["paired"]["noise_std"]] if "paired" in r else []))
+                 f"paired noise std {r['paired']['noise_std']:.4f}"] if "paired" in r else []))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Plots of the LM grid's rows (docs/results.md, "Language modelling"): validation bits/byte against training step per
-variant, final bits/byte against attention forward FLOPs per sequence, and the mechanisms' statistics over training.
+mechanism, final bits/byte against attention forward FLOPs per sequence, and the mechanisms' statistics over training;
+and of the retrieval grid's rows: accuracy against key-query distance (`plot_retrieval`).
 
     python -m experiments.reports.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short_n256
 
 writes `<out>_curves.png`, `<out>_bpb_vs_flops.png` and `<out>_stats.png` from `--results` (default
 experiments/results/lm.jsonl).
-Per variant: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
+Per mechanism: the mean over its seeds at each evaluated step, and every seed's final point (error bars: min to max).
 
 Writes: the --out PNG.
 """
@@ -16,16 +17,18 @@ import os
 
 import numpy as np
 
-from experiments.lm.grid import RESULTS, read_rows
+from experiments.reports.rows import mechanism, read_rows
 from sparse_attn.studies import cli
+
+RESULTS = os.path.join("experiments", "results", "lm.jsonl")
 
 
 def grouped(rows: list[dict], config: str, n: int) -> dict[str, list[dict]]:
-    """LM rows of `config` and `n` by variant, in first-seen order."""
+    """LM rows of `config` and `n` by mechanism, in first-seen order."""
     out: dict[str, list[dict]] = {}
     for r in rows:
         if r.get("kind") == "lm" and r.get("config") == config and r.get("n") == n and "valid_curve" in r:
-            out.setdefault(r["variant"], []).append(r)
+            out.setdefault(mechanism(r), []).append(r)
     if not out:
         raise ValueError(f"no LM rows with config={config!r} and n={n}")
     return out
@@ -39,8 +42,8 @@ def mean_curve(runs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(steps), np.array([np.mean([c[s] for c in by_step]) for s in steps])
 
 
-def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[str] | None = None) -> list[str]:
-    """The two plots of `config` and `n`; the curves only of `curve_variants` (default: every variant)."""
+def plot(rows: list[dict], config: str, n: int, out: str, curve_mechanisms: list[str] | None = None) -> list[str]:
+    """The two plots of `config` and `n`; the curves only of the mechanisms in `curve_mechanisms` (default: all)."""
     from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
 
     groups = grouped(rows, config, n)
@@ -49,11 +52,11 @@ def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[s
 
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
-    for variant, runs in groups.items():
-        if curve_variants is not None and variant not in curve_variants:
+    for name, runs in groups.items():
+        if curve_mechanisms is not None and name not in curve_mechanisms:
             continue
         steps, bpb = mean_curve(runs)
-        ax.plot(steps, bpb, marker="o", label=f"{variant} ({len(runs)} seeds)")
+        ax.plot(steps, bpb, marker="o", label=f"{name} ({len(runs)} seeds)")
     ax.set(xlabel="training step", ylabel="validation bits/byte", title=f"LM {config}, n = {n}: mean over seeds")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
@@ -62,11 +65,11 @@ def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[s
 
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
-    for variant, runs in groups.items():
+    for name, runs in groups.items():
         flops = np.mean([r["attn_fwd_flops_per_seq"] for r in runs])
         bpb = np.array([r["valid_bits_per_byte"] for r in runs])
         err = [[bpb.mean() - bpb.min()], [bpb.max() - bpb.mean()]]
-        ax.errorbar([flops], [bpb.mean()], yerr=err, marker="o", capsize=3, label=variant)
+        ax.errorbar([flops], [bpb.mean()], yerr=err, marker="o", capsize=3, label=name)
     ax.set_xscale("log")
     ax.set(xlabel="attention forward FLOPs per sequence (all layers, measured keys)",
            ylabel="final validation bits/byte", title=f"LM {config}, n = {n}: bits/byte vs attention FLOPs")
@@ -77,8 +80,8 @@ def plot(rows: list[dict], config: str, n: int, out: str, curve_variants: list[s
     return paths
 
 
-# Mechanism statistics over training (issue 14: label degree and disconnected fraction with a trained router; ABCA's
-# anchors, zones and inserted anchors): (panel title, statistic under `layer{i}/`); a variant shows where it logs it.
+# Mechanism statistics over training (label degree and disconnected fraction with a trained router; ABCA's anchors,
+# zones and inserted anchors): (panel title, statistic under `layer{i}/`); a mechanism shows where it logs it.
 STATS_PANELS = (
     ("keys per query (measured)", "keys_per_query"),
     ("labels: mean degree (keys sharing a label)", "labels/mean_degree"),
@@ -118,8 +121,8 @@ def stat_curve(runs: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray] | N
 
 
 def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
-    """One figure of `STATS_PANELS` against training step for the sparse variants of `config` and `n` (mean over
-    seeds and layers); None when no variant logged statistics."""
+    """One figure of `STATS_PANELS` against training step for the sparse mechanisms of `config` and `n` (mean over
+    seeds and layers); None when none logged statistics."""
     from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
 
     groups = {v: rs for v, rs in grouped(rows, config, n).items() if v != "dense"}
@@ -130,8 +133,8 @@ def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
     fig = Figure(figsize=(12, 6.6))
     for i, ((title, _), panel) in enumerate(zip(STATS_PANELS, curves, strict=True)):
         ax = fig.add_subplot(2, 3, i + 1)
-        for variant, (steps, values) in panel:
-            ax.plot(steps, values, label=variant)
+        for name, (steps, values) in panel:
+            ax.plot(steps, values, label=name)
         ax.set(title=title, xlabel="training step")
         ax.grid(alpha=0.3)
         if panel:
@@ -141,6 +144,41 @@ def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
     path = f"{out}_stats.png"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
+    return path
+
+
+def plot_retrieval(rows: list[dict], path: str, *, title: str = "") -> str:
+    """Accuracy per distance bucket, one line per mechanism (mean over its seeds, bars from min to max), chance
+    dotted; `rows` of one (task, config, n, budget) of the retrieval grid. Saved to `path` (PNG)."""
+    from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
+
+    by_name: dict[str, list[dict]] = {}
+    for r in rows:
+        by_name.setdefault(mechanism(r), []).append(r)
+    labels = [b for b in (rows[0]["accuracy_by_distance"] if rows else [])  # buckets some answer falls in
+              if any(r["accuracy_by_distance"].get(b, {}).get("accuracy") is not None for r in rows)]
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for name, rs in by_name.items():
+        acc_SxB = np.array([[np.nan if (a := r["accuracy_by_distance"].get(lab, {}).get("accuracy")) is None else a
+                             for lab in labels] for r in rs], dtype=float)
+        mean_B = np.nanmean(acc_SxB, axis=0)
+        att = rs[0]["attention"]
+        radius = f", radius {att['radius']}" if "radius" in att else (
+            f", interval {att['interval']}" if "interval" in att else "")
+        kpq = np.mean([k for k in rs[0]["keys_per_query"] if k is not None] or [rs[0]["planned_keys_per_query"]])
+        ax.errorbar(np.arange(len(labels)), mean_B,
+                    yerr=[mean_B - np.nanmin(acc_SxB, axis=0), np.nanmax(acc_SxB, axis=0) - mean_B], marker="o",
+                    capsize=3, label=f"{name} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
+    chance = {"recall": lambda c: 1 / c["num_values"], "passkey": lambda c: 0.1}  # passkey: one digit of 10
+    if rows and rows[0]["task"] in chance:
+        ax.axhline(chance[rows[0]["task"]](rows[0]["task_config"]), color="grey", ls=":", lw=1, label="chance")
+    ax.set_xticks(np.arange(len(labels)), labels)
+    ax.set(xlabel="key-query distance (tokens)", ylabel="answer accuracy", ylim=(0, 1.02), title=title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
 
 

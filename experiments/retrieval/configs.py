@@ -54,15 +54,15 @@ SETUPS = {
 GRIDS = {
     "smoke": [("recall", Cell(64, v, 12, 0)) for v in ("dense", "local")],
     "cpu_core": [(t, Cell(256, v, 24, 0)) for t in ("recall", "passkey")
-                 for v in ("dense", "local", "labels", "abca_fixed")],
+                 for v in ("dense", "local", "labels_d8k2", "abca_fixed")],
     # The cpu_small setup (--config cpu_small): seed 0 of every variant first.
     "cpu_small": [("recall", Cell(32, v, 6, s)) for s in (0, 1, 2)
-                  for v in ("dense", "local", "longformer", "abca_fixed", "labels", "bigbird")],
+                  for v in ("dense", "local", "longformer", "abca_fixed", "labels_d8k2", "bigbird")],
     "cpu_all": [(t, Cell(n, v, 24, s)) for t in ("recall", "passkey") for n in (256, 1024)
-                for v in ("dense", "local", "longformer", "bigbird", "labels", "labels_d16k2", "abca_fixed")
+                for v in ("dense", "local", "longformer", "bigbird", "labels_d8k2", "labels_d16k2", "abca_fixed")
                 for s in (0, 1, 2)],
     # Passkey beyond the CPU's lengths (--config gpu): 1k at the CPU cells' 24 keys per query, then 4k and 16k at
     # gpu_lm's 128 (labels cannot be matched to 24 there: its landmarks alone give 43 keys at n = 4096).
     "gpu": [("passkey", Cell(n, v, 24 if n == 1024 else 128, 0)) for n in (1024, 4096, 16384)
-            for v in ("dense", "local", "labels", "abca_fixed", "moba", "nsa")],
+            for v in ("dense", "local", "labels_d8k2", "abca_fixed", "moba", "nsa")],
 }

@@ -1,7 +1,7 @@
 """Which hop fails? Per layer and head of a trained retrieval run, the pairs its task needs (each answer's query
 position -> the token it must find): how often the layer's pattern admits them (recall) and how much attention
-they get (mass, against the mass of a query that knows nothing: uniform over the row's keys). Issue 37's first
-diagnosis: recall 0 = the pattern never admits the pair; recall 1 with mass near uniform = the softmax has not
+they get (mass, against the mass of a query that knows nothing: uniform over the row's keys). Reading it:
+recall 0 = the pattern never admits the pair; recall 1 with mass near uniform = the softmax has not
 learned it (sparse_attn/diagnostics/).
 
 Command:
@@ -42,6 +42,7 @@ from sparse_attn.diagnostics.probe import probe_for
 from sparse_attn.modules.labels import LabelAttention
 from sparse_attn.studies import cli
 from sparse_attn.studies.restore import CheckpointError, from_json, restore
+from sparse_attn.train import run_config
 
 
 def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=(0,)) -> dict:
@@ -71,7 +72,7 @@ def diagnose(workdir: str, examples: int = 64, step: int | None = None, offsets=
     _label_rows(run, batch, tokens, q_pos, k_pos, layers)
     roll = attention_rollout(run.model, tokens, jnp.asarray(q_pos), jnp.asarray(k_pos), step=run.step)
     rollout = None if roll is None else {name: round(float(np.mean(val)), 5) for name, val in roll.items()}
-    return {"workdir": workdir, "variant": run.stored.get("variant"), "seed": run.stored["train"].get("seed"),
+    return {"workdir": workdir, "mechanism": run.stored.get("mechanism"), "seed": run.stored["train"].get("seed"),
             "attention": run.stored["model"].get("attention"), "step": run.step, "task": run.stored["task_name"],
             "examples": examples, "pairs_per_example": int(q_pos.shape[1]), "offsets": list(offsets),
             "layers": layers, "rollout": rollout}
@@ -156,15 +157,23 @@ COLUMNS = ("recall", "mass", "uniform_mass", "direct", "to_anchor", "to_anchor_u
            "labels/reads_landmark_mass", "labels/reads_landmark_uniform")
 
 
+def _mechanism(row: dict):
+    """The probed run's preset: `mechanism`, or `variant` in rows written before the rename."""
+    return row["mechanism"] if row.get("mechanism") is not None else row.get("variant")
+
+
 def _group_names(rows: list[dict]) -> dict:
     """{(variant, attention JSON): its name in the table}: the variant, and where one variant ran with several
-    attention configs (budgets: e.g. an interval of 9 and one of 14), the config fields that tell them apart."""
+    attention configs (budgets: e.g. an interval of 9 and one of 14), the config fields that tell them apart (a
+    group's by its dotted path: `capacity.block`)."""
     configs: dict = {}
     for r in rows:
-        configs.setdefault(r["variant"], {})[json.dumps(r.get("attention"), sort_keys=True)] = r.get("attention") or {}
+        attention = r.get("attention") or {}
+        configs.setdefault(_mechanism(r), {})[json.dumps(r.get("attention"), sort_keys=True)] = \
+            run_config.flatten(attention)
     names = {}
     for variant, by_key in configs.items():
-        fields = sorted({f for cfg in by_key.values() for f in cfg} - {"_type"})
+        fields = sorted({f for cfg in by_key.values() for f in cfg if f.rpartition(".")[2] != "_type"})
         differ = [f for f in fields if len({json.dumps(cfg.get(f)) for cfg in by_key.values()}) > 1]
         for key, cfg in by_key.items():
             detail = ", ".join(f"{f} {cfg[f]}" if f in cfg else f"{f} unrecorded" for f in differ)
@@ -178,7 +187,7 @@ def table(rows: list[dict]) -> str:
     names = _group_names(rows)
     groups: dict = {}
     for r in rows:
-        name = names[(r["variant"], json.dumps(r.get("attention"), sort_keys=True))]
+        name = names[(_mechanism(r), json.dumps(r.get("attention"), sort_keys=True))]
         groups.setdefault((name, r["step"]), []).append(r)
     lines = []
     for (variant, step), rs in sorted(groups.items(), key=lambda kv: kv[0]):

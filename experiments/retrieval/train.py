@@ -1,12 +1,12 @@
 """Long-range retrieval at equal attention budgets: a small causal LM trained on associative recall or passkey
 retrieval (`sparse_attn.data.tasks.retrieval`), accuracy broken down by key-query distance.
 
-    python -m experiments.retrieval --task recall --n 256 --variant labels --budget 24 --config cpu
+    python -m experiments.retrieval --task recall --n 256 --mechanism labels_d8k2 --budget 24 --config cpu
     nice -n 10 python -m experiments.retrieval --grid cpu_core --time_limit 1800    # rerun to resume
     python -m experiments.retrieval --grid gpu --config gpu --total_s 300 --time_limit 300   # passkey 1k-16k, one GPU
     python -m experiments.retrieval --plot docs/img/retrieval.png --task recall --n 256 --budget 24 --config cpu
 
-The loss is the cross-entropy at the answer positions only (`loss_mask`). Variants and budgets as in
+The loss is the cross-entropy at the answer positions only (`loss_mask`). Presets and budgets as in
 `sparse_attn/studies/budget.py`, except explicit-anchor ABCA (abca, abca_hs2, abca_global): the tasks have no newline to
 anchor on, so use abca_fixed (abca_learned runs, but its placement loss targets newlines, so it learns to place
 none and stays the fixed pattern of its cap). Each finished run appends one JSON line to `--results` (default
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -35,7 +36,7 @@ from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import VARIANTS, attention_for_budget, check_variant, keys_per_query, recorded_fields
+from sparse_attn.studies.budget import attention_for_budget, budget_names, check_budget_name, keys_per_query, recorded_fields
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
 from sparse_attn.studies.runs import git_commit, print_status, run_module
 from sparse_attn.train import train_and_evaluate as train_loop
@@ -62,7 +63,7 @@ def distance_edges(n: int) -> tuple[int, ...]:
 
 
 def bucket_labels(edges) -> list[str]:
-    return [f"{lo}-{hi - 1}" for lo, hi in zip(edges[:-1], edges[1:])]
+    return [f"{lo}-{hi - 1}" for lo, hi in itertools.pairwise(edges)]
 
 
 def loss_fn(model, batch: dict, step):
@@ -87,7 +88,7 @@ def make_eval_fn(n: int):
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["answer"]) * w
         m = {"correct": correct.sum(), "count": jnp.sum(w * jnp.ones_like(correct)), "nll_sum": nll.sum(),
              "seq_correct": jnp.sum(jnp.min(correct, axis=1)), "seq_count": w.sum()}
-        for label, lo, hi in zip(bucket_labels(edges), edges[:-1], edges[1:]):
+        for label, (lo, hi) in zip(bucket_labels(edges), itertools.pairwise(edges), strict=True):
             inside = ((batch["distance"] >= lo) & (batch["distance"] < hi)).astype(jnp.float32) * w
             m[f"correct/{label}"] = jnp.sum(correct * inside)
             m[f"count/{label}"] = jnp.sum(inside)
@@ -103,12 +104,12 @@ def make_eval_fn(n: int):
 
 def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "",
         log=print) -> dict:
-    """Train one (task, n, variant, budget, seed) run, resuming in `workdir`; append its row to `results`."""
-    if cell.variant in EXPLICIT:
-        raise ValueError(f"{cell.variant}: the retrieval tasks have no anchor token; use abca_fixed")
+    """Train one (task, n, mechanism, budget, seed) run, resuming in `workdir`; append its row to `results`."""
+    if cell.mechanism in EXPLICIT:
+        raise ValueError(f"{cell.mechanism}: the retrieval tasks have no anchor token; use abca_fixed")
     setup = SETUPS[config]
     task = make_task(task_name, cell.n, setup)
-    att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget)
+    att = attention_for_budget(cell.mechanism, n=cell.n, keys_per_query_target=cell.budget)
     model, train = model_and_train(setup.scale, cell.n, att, cell.seed)
     # Every checkpoint stays: `experiments.retrieval.diagnose --step` reads a run over its training.
     train = dataclasses.replace(train, keep_period=train.checkpoint_every)
@@ -121,7 +122,7 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
         loss_fn=loss_fn, eval_fn=make_eval_fn(cell.n),
         train_iter=TaskBatches(task.source("train"), global_batch=train.global_batch, seed=cell.seed, **shard),
         eval_batches=lambda: valid,
-        experiment={"task_name": task_name, "task": task, "variant": cell.variant, "model": model},
+        experiment={"task_name": task_name, "task": task, "mechanism": cell.mechanism, "model": model},
         allowed_changes=("model.attention*.implementation",),
         log=log,
     )
@@ -129,7 +130,7 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
     ratio = lambda a, b: float(a) / float(b) if b else None  # noqa: E731
     edges = distance_edges(cell.n)
     row = {
-        "kind": "retrieval", "task": task_name, "config": config, "n": cell.n, "variant": cell.variant,
+        "kind": "retrieval", "task": task_name, "config": config, "n": cell.n, "mechanism": cell.mechanism,
         "budget_keys_per_query": cell.budget, "seed": cell.seed, "steps": summary["step"],
         "accuracy": ratio(ev["correct"], ev["count"]), "seq_accuracy": ratio(ev["seq_correct"], ev["seq_count"]),
         "valid_loss": ratio(ev["nll_sum"], ev["count"]),
@@ -164,8 +165,8 @@ def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: f
     status = {}
     t_end = None if total_s is None else clock() + total_s
     for task_name, cell in cells:
-        key = (task_name, config, cell.n, cell.variant, cell.budget, cell.seed)
-        done = {(r.get("task"), r.get("config"), r.get("n"), r.get("variant"), r.get("budget_keys_per_query"),
+        key = (task_name, config, cell.n, cell.mechanism, cell.budget, cell.seed)
+        done = {(r.get("task"), r.get("config"), r.get("n"), r.get("mechanism"), r.get("budget_keys_per_query"),
                  r.get("seed")) for r in read_rows(results)}
         if key in done:
             status[key] = "done before"
@@ -174,8 +175,8 @@ def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: f
         if t_end is not None and limit < min_cell_s:
             status[key] = "not run (out of time: run again to continue)"
             continue
-        workdir = os.path.join(runs_dir, config, f"{task_name}_n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
-        argv = ["--task", task_name, "--config", config, "--n", str(cell.n), "--variant", cell.variant,
+        workdir = os.path.join(runs_dir, config, f"{task_name}_n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
+        argv = ["--task", task_name, "--config", config, "--n", str(cell.n), "--mechanism", cell.mechanism,
                 "--budget", f"{cell.budget:g}", "--seed", str(cell.seed), "--results", results, "--workdir", workdir]
         log(f"== {key}")
         t0 = time.perf_counter()
@@ -186,19 +187,19 @@ def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: f
 
 
 def plot(rows: list[dict], path: str, *, title: str = "") -> str:
-    """Accuracy per distance bucket, one line per variant (mean over its seeds, bars from min to max), chance
+    """Accuracy per distance bucket, one line per mechanism (mean over its seeds, bars from min to max), chance
     dotted; `rows` of one (task, config, n, budget). Saved to `path` (PNG)."""
     import numpy as np  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415 — only the plot needs it
 
-    by_variant: dict[str, list[dict]] = {}
+    by_mechanism: dict[str, list[dict]] = {}
     for r in rows:
-        by_variant.setdefault(r["variant"], []).append(r)
+        by_mechanism.setdefault(r["mechanism"], []).append(r)
     labels = [b for b in (rows[0]["accuracy_by_distance"] if rows else [])  # buckets some answer falls in
               if any(r["accuracy_by_distance"].get(b, {}).get("accuracy") is not None for r in rows)]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for variant, rs in by_variant.items():
+    for mechanism, rs in by_mechanism.items():
         acc_SxB = np.array([[r["accuracy_by_distance"][lab]["accuracy"] or np.nan for lab in labels] for r in rs])
         mean_B = np.nanmean(acc_SxB, axis=0)
         att = rs[0]["attention"]
@@ -207,7 +208,7 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
         kpq = np.mean([k for k in rs[0]["keys_per_query"] if k is not None] or [rs[0]["planned_keys_per_query"]])
         ax.errorbar(np.arange(len(labels)), mean_B,
                     yerr=[mean_B - np.nanmin(acc_SxB, axis=0), np.nanmax(acc_SxB, axis=0) - mean_B], marker="o",
-                    capsize=3, label=f"{variant} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
+                    capsize=3, label=f"{mechanism} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
     chance = {"recall": lambda c: 1 / c["num_values"], "passkey": lambda c: 0.1}  # passkey: one digit of 10
     if rows and rows[0]["task"] in chance:
         ax.axhline(chance[rows[0]["task"]](rows[0]["task_config"]), color="grey", ls=":", lw=1, label="chance")
@@ -227,7 +228,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", choices=sorted(SETUPS), default="cpu")
     parser.add_argument("--grid", choices=sorted(GRIDS))
     parser.add_argument("--n", type=int, default=256)
-    parser.add_argument("--variant", default="dense", help=", ".join(v for v in VARIANTS if v not in EXPLICIT))
+    parser.add_argument("--mechanism", default="dense", help=", ".join(v for v in budget_names() if v not in EXPLICIT))
     parser.add_argument("--budget", type=float, default=24.0, help="target keys per query")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir")
@@ -237,7 +238,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--total_s", type=float, help="seconds for the whole --grid (default: no limit)")
     parser.add_argument("--min_cell_s", type=float, default=30.0, help="start no --grid run with less time left")
     parser.add_argument("--plot", metavar="PNG", help="plot accuracy vs distance of the --results rows of --task, "
-                        "--config, --n and --budget (one line per variant) to PNG; trains nothing")
+                        "--config, --n and --budget (one line per mechanism) to PNG; trains nothing")
     args = parser.parse_args(argv)
     if args.plot:
         rows = [r for r in read_rows(args.results) if (r.get("task"), r.get("config"), r.get("n"),
@@ -252,13 +253,13 @@ def main(argv=None) -> dict:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
                           time_limit_s=args.time_limit, total_s=args.total_s, min_cell_s=args.min_cell_s)
         return print_status(status)
-    check_variant(args.variant)
-    cell = Cell(args.n, args.variant, args.budget, args.seed)
+    check_budget_name(args.mechanism)
+    cell = Cell(args.n, args.mechanism, args.budget, args.seed)
     workdir = args.workdir or os.path.join(args.runs_dir, args.config,
-                                           f"{args.task}_n{cell.n}_{cell.variant}_k{cell.budget:g}_s{cell.seed}")
+                                           f"{args.task}_n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
     command = "python -m experiments.retrieval " + shlex.join(argv if argv is not None else sys.argv[1:])
     row = run(args.task, args.config, cell, workdir=workdir, results=args.results, command=command)
-    print(json.dumps({k: row[k] for k in ("task", "n", "variant", "steps", "accuracy", "seq_accuracy",
+    print(json.dumps({k: row[k] for k in ("task", "n", "mechanism", "steps", "accuracy", "seq_accuracy",
                                           "accuracy_by_distance")}))
     return row
 

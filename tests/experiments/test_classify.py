@@ -17,7 +17,13 @@ from experiments.classification import grid as classify_grid
 from experiments.classification import train as classify
 from sparse_attn.data.prefetch import PrefetchBatches
 from sparse_attn.data.tasks import TaskBatches
-from sparse_attn.modules import AnchorAttentionConfig, AttentionContext, LocalAttention, NoncrossingAttentionConfig
+from sparse_attn.modules import (
+    AnchorAttentionConfig,
+    AttentionContext,
+    FixedAnchors,
+    LocalAttention,
+    NoncrossingAttentionConfig,
+)
 from sparse_attn.studies import classification as cm
 from sparse_attn.studies import mechanisms as attention_names
 from sparse_attn.studies.tasks import make_task
@@ -27,13 +33,13 @@ QUIET = dict(log=lambda m: None)
 
 
 def _check_row(row, *, task, attention):
-    assert row["task"] == task and row["n"] == 64 and row["attention"] == attention and row["steps"] == 4
+    assert row["task"] == task and row["n"] == 64 and row["mechanism"] == attention and row["steps"] == 4
     assert row["config"] == "smoke" and 0.0 <= row["accuracy"] <= 1.0 and math.isfinite(row["valid_loss"])
     assert row["num_validation"] == 16
     fl = row["flops"]
     assert 0 < fl["attention_per_step"] < fl["per_step"] and fl["total"] == pytest.approx(4 * fl["per_step"])
     (layer,) = row["layers"]
-    assert layer["attention"] == attention and layer["attn_fwd_flops_per_example"] > 0
+    assert layer["mechanism"] == attention and layer["attn_fwd_flops_per_example"] > 0
     assert row["memory_mib"]["temp_mib"] > 0 and row["memory_mib"]["peak_mib"] > row["memory_mib"]["temp_mib"]
     assert row["step_s"] > 0 and row["tokens_per_s"] > 0
     json.dumps(row, allow_nan=False)  # strict JSON: empty buckets are None, not NaN
@@ -71,7 +77,7 @@ def test_smoke_config_of_each_task(tmp_path, task, attention):
 
 def test_cli_digits_dense_appends_a_result_line(tmp_path):
     results = tmp_path / "results" / "digits.jsonl"
-    argv = ["--task", "digits", "--n", "64", "--attention", "dense", "--config", "smoke",
+    argv = ["--task", "digits", "--n", "64", "--mechanism", "dense", "--config", "smoke",
             "--workdir", str(tmp_path / "run"), "--results", str(results)]
     row = classify.main(argv)
     _check_row(row, task="digits", attention="dense")
@@ -113,26 +119,26 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path, terminal_sigint):
 
 
 def test_cli_parses_task_n_attention_config():
-    args = classify.parse_args(["--task", "listops", "--n", "512", "--attention", "local,noncrossing_brick",
-                                "--config", "seed", "--seed", "2"])
+    args = classify.parse_args(["--task", "listops", "--n", "512", "--mechanism", "local,noncrossing_brick",
+                                "--config", "full", "--seed", "2"])
     workdir = os.path.join("runs", "classify", "listops_n512_local+noncrossing_brick_seed_s2")
     assert classify.default_workdir(args) == workdir
     with pytest.raises(ValueError, match="2 attention names"):  # the seed config has 6 layers
         classify.config_from_args(args)
-    args = classify.parse_args(["--task", "dyck", "--n", "128", "--attention", "local,dense,abca,abca_learned,"
-                                "labels,noncrossing_defect", "--config", "seed", "--num_steps", "7"])
+    args = classify.parse_args(["--task", "dyck", "--n", "128", "--mechanism", "local,dense,abca,abca_learned,"
+                                "labels,noncrossing_defect", "--config", "full", "--num_steps", "7"])
     config = classify.config_from_args(args)
     att = config.model.attention
     assert config.task.seq_len == config.train.seq_len == 128 and config.train.num_steps == 7
     assert isinstance(att[0], LocalAttention) and att[0].radius == 32
-    assert att[2].placement == "explicit" and att[2].anchor_id == 1 + config.task.k  # type-0 closer
-    assert att[3].placement == "learned" and att[3].boundary_ids == tuple(range(9, 17))
+    assert att[2].placement.kind == "explicit" and att[2].placement.anchor_id == 1 + config.task.k  # type-0 closer
+    assert att[3].placement.kind == "learned" and att[3].placement.boundary_ids == tuple(range(9, 17))
     assert isinstance(att[5], NoncrossingAttentionConfig) and att[5].router == "defect_pair"
-    assert classify.attention_spec(config.attention) == args.attention  # rows name the cell as the grid does
-    assert classify.attention_spec(configs.seed("dyck", 128, "local").attention) == "local"
+    assert classify.attention_spec(config.mechanisms) == args.attention  # rows name the cell as the grid does
+    assert classify.attention_spec(configs.full("dyck", 128, "local").mechanisms) == "local"
     # Images have no anchor token: `abca` anchors row starts.
     image = configs.smoke("pathfinder", 1024, "abca").model.attention[0]
-    assert isinstance(image, AnchorAttentionConfig) and (image.placement, image.interval) == ("fixed", 32)
+    assert isinstance(image, AnchorAttentionConfig) and image.placement == FixedAnchors(interval=32)
     for bad in (["--task", "digits", "--n", "128"], ["--task", "pathfinder", "--n", "1000"]):
         with pytest.raises(ValueError):
             classify.config_from_args(classify.parse_args([*bad, "--config", "smoke"]))
@@ -148,13 +154,13 @@ def test_router_warm_start_fits_layer0_and_labels_the_rows(tmp_path):
     # In a run: once, before step 0; its rows name it.
     messages = []
     row = classify.train_and_evaluate(config, str(tmp_path), log=messages.append)
-    assert row["attention"] == "noncrossing_defect+warm30" and row["router_warm_start"] == 30
+    assert row["mechanism"] == "noncrossing_defect+warm30" and row["router_warm_start"] == 30
     assert messages.index("warm start applied to the initial model") < min(
         i for i, m in enumerate(messages) if m.startswith("step "))
     # 30 steps at 1e-2 cut the teacher-forced BCE at least in half.
     fit = [float(m.split()[-1]) for m in messages if m.startswith("warm-start step")]
     assert len(fit) == 2 and fit[1] < 0.5 * fit[0], fit
-    args = classify.parse_args(["--task", "dyck", "--n", "64", "--attention", "noncrossing_defect", "--config",
+    args = classify.parse_args(["--task", "dyck", "--n", "64", "--mechanism", "noncrossing_defect", "--config",
                                 "smoke", "--router_warm_start", "200"])
     assert classify.config_from_args(args).router_warm_start == 200
     assert classify.default_workdir(args).endswith("dyck_n64_noncrossing_defect+warm200_smoke_s0")
@@ -181,7 +187,7 @@ def test_parse_names():
 
 def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
     cells = [classify_grid.Cell("digits", 64, "dense", 0), classify_grid.Cell("digits", 64, "local", 0)]
-    done_row = {"kind": "classify", "task": "digits", "n": 64, "attention": "dense", "seed": 0, "config": "smoke",
+    done_row = {"kind": "classify", "task": "digits", "n": 64, "mechanism": "dense", "seed": 0, "config": "smoke",
                 "steps": 4}
     results_dir = tmp_path / "results"
     results_dir.mkdir()
@@ -192,26 +198,26 @@ def test_grid_runs_missing_cells_and_appends_rows(tmp_path):
         calls.append((argv, timeout_s))
         out = argv[argv.index("--results") + 1]
         with open(out, "a") as f:
-            f.write(json.dumps({**done_row, "attention": "local"}) + "\n")
+            f.write(json.dumps({**done_row, "mechanism": "local"}) + "\n")
         return 0
 
     status = classify_grid.run_grid(cells, config="smoke", num_steps=None, results_dir=str(results_dir),
                                     runs_dir=str(tmp_path / "runs"), time_limit_s=30, run=fake_run, log=lambda m: None)
     assert status == {cells[0]: "done before", cells[1]: "finished"}
     ((argv, timeout_s),) = calls
-    assert argv[:8] == ["--task", "digits", "--n", "64", "--attention", "local", "--config", "smoke"]
+    assert argv[:8] == ["--task", "digits", "--n", "64", "--mechanism", "local", "--config", "smoke"]
     assert timeout_s == 30
     lines = (results_dir / "digits.jsonl").read_text().splitlines()
-    assert [json.loads(x)["attention"] for x in lines] == ["dense", "local"]
+    assert [json.loads(x)["mechanism"] for x in lines] == ["dense", "local"]
     # A cell that times out leaves no row and is reported; rerunning resumes it.
     status = classify_grid.run_grid([classify_grid.Cell("digits", 64, "bigbird", 1)], config="smoke",
                                     num_steps=None, results_dir=str(results_dir), runs_dir=str(tmp_path / "runs"),
                                     time_limit_s=30, run=lambda argv, t: 124, log=lambda m: None)
     assert list(status.values()) == ["timed out (rerun to resume)"]
     assert len((results_dir / "digits.jsonl").read_text().splitlines()) == 2
-    seed002 = classify_grid.GRIDS["seed002"]
-    assert len(set(seed002)) == len(seed002)
-    cells = {(c.task, c.n, c.attention) for c in seed002}
+    doc_grid = classify_grid.GRIDS["noncrossing"]
+    assert len(set(doc_grid)) == len(doc_grid)
+    cells = {(c.task, c.n, c.mechanism) for c in doc_grid}
     assert cells >= {("listops", 2048, "noncrossing_defect"), ("dyck", 128, "local")}
 
 

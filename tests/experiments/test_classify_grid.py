@@ -1,5 +1,5 @@
 """The CPU grid's plan and bookkeeping (resume skips, rows gain commit and load, deadlines), the results report
-(tables, seed-002 verdicts, other sections kept, renamed statistics) and the GPU budget script's planning and
+(tables, the non-crossing verdicts, other sections kept, renamed statistics) and the GPU budget script's planning and
 time limits. Fake runs and clocks: no training here (tests/experiments/test_classify.py trains)."""
 
 import json
@@ -25,10 +25,10 @@ def _fake_run(calls, *, row_extra=None, rc=0):
     """A classify subprocess stand-in: records argv and writes a row to the cell's own results file."""
     def run(argv, timeout_s):
         calls.append((argv, timeout_s))
-        a = dict(zip(argv[::2], argv[1::2]))
+        a = dict(zip(argv[::2], argv[1::2], strict=True))
         config = a["--config"]
         steps = int(a.get("--num_steps", classify_grid.CONFIGS[config]().train.num_steps))
-        row = {"kind": "classify", "task": a["--task"], "n": int(a["--n"]), "attention": a["--attention"],
+        row = {"kind": "classify", "task": a["--task"], "n": int(a["--n"]), "mechanism": a["--mechanism"],
                "seed": int(a["--seed"]), "config": config, "steps": steps, "accuracy": 0.5,
                "command": "python -m experiments.classification " + " ".join(argv), **(row_extra or {})}
         if rc == 0:
@@ -41,27 +41,27 @@ def _fake_run(calls, *, row_extra=None, rc=0):
 def test_cpu_grid_plan_order_and_selection():
     cells = classify_grid.GRIDS["cpu"]
     assert len(cells) == len(set(cells)) == 3 * 6 * 2 * 3 + 3
-    assert {(c.task, c.attention) for c in cells} == {
+    assert {(c.task, c.mechanism) for c in cells} == {
         (t, a) for t in ("listops", "dyck", "pathfinder")
         for a in ("dense", "local", "longformer", "abca", "noncrossing_defect", "labels")} | {("dyck", classify_grid.WARM)}
-    warm = [c for c in cells if c.attention == classify_grid.WARM]
+    warm = [c for c in cells if c.mechanism == classify_grid.WARM]
     assert [(c.n, c.seed) for c in warm] == [(128, 0), (128, 1), (128, 2)]
     assert classify_grid.attention_argv(classify_grid.WARM) == [
-        "--attention", "noncrossing_defect", "--router_warm_start", "200"]
-    assert classify_grid.attention_argv("local,abca") == ["--attention", "local,abca"]
+        "--mechanism", "noncrossing_defect", "--router_warm_start", "200"]
+    assert classify_grid.attention_argv("local,abca") == ["--mechanism", "local,abca"]
     # Priority: ListOps n=128 seed 0 (dense, local, the mechanisms but labels) first, then Dyck/Pathfinder
     # dense/local, then ListOps n=512; labels only after every other mechanism's seed-0 n=128 cell.
     assert all(c.steps == classify_grid.CPU_STEPS[c.n] for c in cells)
-    assert [(c.task, c.n, c.attention, c.seed) for c in cells[:12]] == [
+    assert [(c.task, c.n, c.mechanism, c.seed) for c in cells[:12]] == [
         ("listops", 128, a, 0) for a in ("dense", "local", "longformer", "abca", "noncrossing_defect")
     ] + [(t, 128, a, 0) for t in ("dyck", "pathfinder") for a in ("dense", "local")] + [
         ("listops", 512, a, 0) for a in ("dense", "local", "noncrossing_defect")]
-    first_labels = min(i for i, c in enumerate(cells) if c.attention == "labels")
-    assert {(c.task, c.attention) for c in cells[:first_labels] if c.n == 128 and c.seed == 0} == {
+    first_labels = min(i for i, c in enumerate(cells) if c.mechanism == "labels")
+    assert {(c.task, c.mechanism) for c in cells[:first_labels] if c.n == 128 and c.seed == 0} == {
         (t, a) for t in ("listops", "dyck", "pathfinder") for a in ("dense", "local", *classify_grid.CPU_MECHANISMS)}
     # Shards partition the selection; filters compose.
     sel = classify_grid.select(cells, skip=f"labels,{classify_grid.WARM}", lengths=(128,), seeds="1,2")
-    assert len(sel) == 3 * 5 * 2 and all(c.n == 128 and c.seed in (1, 2) and c.attention != "labels" for c in sel)
+    assert len(sel) == 3 * 5 * 2 and all(c.n == 128 and c.seed in (1, 2) and c.mechanism != "labels" for c in sel)
     dyck = classify_grid.select(cells, only="dense", seeds="1", tasks=("dyck",))
     assert dyck == [Cell("dyck", 128, "dense", 1, 600), Cell("dyck", 512, "dense", 1, 300)]
     halves = [classify_grid.select(cells, only="dense,local", shard=f"{i}/2") for i in range(2)]
@@ -85,7 +85,7 @@ def test_grid_resume_skip_row_fields_and_deadline(tmp_path):
     assert argv[argv.index("--num_steps") + 1] == "3"  # the cell's steps (smoke's default is 4)
     assert argv[argv.index("--results") + 1] == str(runs / "smoke" / "dyck_n64_dense_s0" / "row.jsonl")
     rows = [json.loads(x) for x in (results / "dyck.jsonl").read_text().splitlines()]
-    assert [r["attention"] for r in rows] == ["dense", "local"]
+    assert [r["mechanism"] for r in rows] == ["dense", "local"]
     r = rows[0]
     assert r["git_commit"] == "abc1234" and r["grid_command"].endswith("--grid test") and r["steps"] == 3
     assert set(r["load"]) == {"start", "end", "mean", "max", "samples"} and r["load"]["max"] >= r["load"]["mean"] >= 0
@@ -133,16 +133,16 @@ def test_grid_resume_skip_row_fields_and_deadline(tmp_path):
 
 def _row(task, n, attention, seed, acc, *, peak=100.0, ratio=None, config="cpu", rename=False, **extra):
     ratio = (1.0 if attention == "dense" else 0.3) if ratio is None else ratio
-    layer = {"attention": attention, "keys_per_query": ratio * n, "stats": {"arcs": 2.0}}
+    layer = {"mechanism": attention, "keys_per_query": ratio * n, "stats": {"arcs": 2.0}}
     layer["attn_flops_vs_dense" if rename else "attn_vs_dense"] = ratio
-    return {"kind": "classify", "task": task, "n": n, "attention": attention, "config": config, "seed": seed,
+    return {"kind": "classify", "task": task, "n": n, "mechanism": attention, "config": config, "seed": seed,
             "steps": 200, "accuracy": acc, "valid_loss": 2.0 - acc, "flops": {"total": 1e12, "per_step": 5e9},
             "curve": [{"step": 100, "train_flops": 5e11, "accuracy": acc - 0.1, "valid_loss": 2.1 - acc},
                       {"step": 200, "train_flops": 1e12, "accuracy": acc, "valid_loss": 2.0 - acc}],
             "memory_mib": {"peak_mib": peak, "temp_mib": peak - 2}, "step_s": 0.3, "tokens_per_s": 7e3,
             "layers": [layer, layer], "backend": "cpu", "device": "cpu", "jax": "0.10.2", "git_commit": "abc1234",
             "load": {"mean": 9.5}, "command": f"python -m experiments.classification --task {task} --n {n} "
-                                             f"--attention {attention}", **extra}
+                                             f"--mechanism {attention}", **extra}
 
 
 def test_report_tables_verdicts_and_sections(tmp_path):
@@ -175,7 +175,7 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     # Verdicts: noncrossing is within a point of dense on ListOps at 0.3x the pairs, and fails on Pathfinder;
     # local is 10 points down (claim 1: no) and does not fail on images (claim 2: no).
     lines = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    nc = lines["**noncrossing_defect** (seed 002's)"].split("|")
+    nc = lines["**noncrossing_defect**"].split("|")
     assert [c.strip() for c in nc[2:5]] == ["**yes** (no dyck cells)", "**yes**: listops 128: -0.5", "**yes**"]
     assert nc[6].strip() == "**yes**"
     loc = lines["local"].split("|")
@@ -194,7 +194,7 @@ def test_report_tables_verdicts_and_sections(tmp_path):
     assert "pathfinder n=128 (cpu): dense does **not** separate from local" in text
     assert "* local on listops n=128 (cpu): accuracy -10.0 points; 1.20× dense's step memory." in text
     assert "* noncrossing_defect on pathfinder n=128 (cpu): accuracy -21.0 points." in text
-    assert "**No seed-scale (`--config seed`) rows yet**" in text
+    assert "**No full-scale (`--config full`) rows yet**" in text
     assert len(written) == 6 and all(os.path.getsize(p) > 1000 for p in written)
     # Re-rendering replaces the section, keeps the rest.
     report_results.render(str(results), str(out), plots_dir=str(tmp_path / "plots"))
@@ -228,7 +228,7 @@ def test_gpu_plan_dry_run_and_budget(tmp_path, capsys):
     entries = gpu_classify.main(["--dry_run", "--budget", "570"])
     planned = [e for e in entries if e["planned"]]
     assert planned and planned[-1]["planned_end_s"] <= 540 and len(planned) < len(entries)
-    assert entries[0]["cell"] == {"task": "listops", "n": 512, "attention": "dense", "seed": 0, "steps": None}
+    assert entries[0]["cell"] == {"task": "listops", "n": 512, "mechanism": "dense", "seed": 0, "steps": None}
     assert "planned" in capsys.readouterr().out
     # Budget logic with a fake clock: each cell "takes" 2x its estimate, so later ones stop fitting.
     now = [0.0]

@@ -65,11 +65,11 @@ def test_a_missing_workdir_is_one_line_naming_it(name, capsys, tmp_path):
 
 # A name or value the script does not know: one line naming it and what is allowed, before anything runs.
 BAD_ARGUMENTS = [
-    ("experiments.lm.train", ["--workdir", "{tmp}/w", "--attention", "nosuch"], "choose from dense, local"),
-    ("experiments.lm.grid", ["--workdir", "{tmp}/w", "--variant", "nosuch"], "choose from dense, local"),
-    ("experiments.retrieval.train", ["--workdir", "{tmp}/w", "--variant", "nosuch"], "choose from dense, local"),
+    ("experiments.lm.train", ["--workdir", "{tmp}/w", "--mechanism", "nosuch"], "choose from dense, local"),
+    ("experiments.lm.grid", ["--workdir", "{tmp}/w", "--mechanism", "nosuch"], "choose from dense, local"),
+    ("experiments.retrieval.train", ["--workdir", "{tmp}/w", "--mechanism", "nosuch"], "choose from dense, local"),
     ("experiments.classification.train", ["--workdir", "{tmp}/w", "--task", "dyck", "--n", "64",
-                                          "--attention", "nosuch"], "choose from dense, local"),
+                                          "--mechanism", "nosuch"], "choose from dense, local"),
     ("experiments.classification.grid", ["--grid", "cpu", "--dry_run", "--task", "nosuch"],
      "choose from dyck, listops, pathfinder"),
     ("experiments.classification.grid", ["--grid", "cpu", "--dry_run", "--only", "dense,nosuch"], "choose from abca"),

@@ -20,7 +20,7 @@ FAKE = textwrap.dedent("""
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "write":
         with open(os.path.join(out, "rows.jsonl"), "a") as f:
-            f.write(json.dumps({"config": "seed", "n": 1, "commit": os.environ["SPARSE_ATTN_COMMIT"]}) + "\\n")
+            f.write(json.dumps({"config": "full", "n": 1, "commit": os.environ["SPARSE_ATTN_COMMIT"]}) + "\\n")
         sys.exit(0)
     if mode == "hang":  # a cell left running in the stage's process group
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -62,7 +62,7 @@ def test_allot_shares_the_budget_less_the_archive_time():
 def test_stages_run_in_order_continue_committed_rows_and_pack(tmp_path, monkeypatch):
     results = tmp_path / "results"
     results.mkdir()
-    committed = {"config": "seed", "n": 0}
+    committed = {"config": "full", "n": 0}
     (results / "rows.jsonl").write_text(json.dumps({"config": "cpu", "n": 0}) + "\n" + json.dumps(committed) + "\n")
     stages = [_fake_stage(tmp_path, "a", "write", 100, merge=("rows.jsonl",), seeded=True),
               _fake_stage(tmp_path, "b", "fail", 100)]
@@ -75,7 +75,7 @@ def test_stages_run_in_order_continue_committed_rows_and_pack(tmp_path, monkeypa
     with tarfile.open(out / "gpu_session.tar.gz") as tar:
         rows = tar.extractfile("gpu_session/a/rows.jsonl").read().decode().splitlines()
         session = json.load(tar.extractfile("gpu_session/session.json"))
-    assert json.loads(rows[0]) == committed  # only the seed-scale row was carried in
+    assert json.loads(rows[0]) == committed  # only the full-scale row was carried in
     assert json.loads(rows[1])["commit"] == "abc1234"  # the stage saw the session's commit
     assert [s["stage"] for s in session["stages"]] == ["a", "b"]
     assert "| b |" in (out / "gpu_session.md").read_text()

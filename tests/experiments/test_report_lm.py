@@ -1,4 +1,5 @@
-"""The LM and retrieval sections of docs/results.md, rendered from hand-made rows into a page with prose around them."""
+"""The LM and retrieval sections of docs/results.md and their companion files, rendered from hand-made rows into a
+page with prose around them; rows name their mechanism under `mechanism` (older rows: `variant`, read alike)."""
 
 import json
 
@@ -9,16 +10,16 @@ from experiments.reports import plot_lm
 from experiments.reports import results as report_results
 
 
-def lm_row(variant, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):
-    return {"kind": "lm", "config": "c", "n": 64, "variant": variant, "budget_keys_per_query": 12.0, "seed": seed,
+def lm_row(mechanism, seed, bpb, *, keys=24.0, planned=24.0, commit="aaaaaaa1"):
+    return {"kind": "lm", "config": "c", "n": 64, "mechanism": mechanism, "budget_keys_per_query": 12.0, "seed": seed,
             "valid_bits_per_byte": bpb, "planned_keys_per_query": planned, "attn_vs_dense": 0.5,
             "attention": {"type": "LocalAttention", "radius": 12}, "layers": [{"keys_per_query": keys}] * 2,
             "memory_mib": {"peak_mib": 10.0}, "attn_fwd_flops_per_seq": 1e6, "commit": commit,
             "valid_curve": [{"step": 10, "bits_per_byte": bpb + 1}, {"step": 20, "bits_per_byte": bpb}]}
 
 
-def recall_row(variant, seed, acc, near, far):
-    return {"kind": "retrieval", "task": "recall", "config": "c", "n": 32, "variant": variant, "seed": seed,
+def recall_row(mechanism, seed, acc, near, far):
+    return {"kind": "retrieval", "task": "recall", "config": "c", "n": 32, "mechanism": mechanism, "seed": seed,
             "budget_keys_per_query": 6.0, "accuracy": acc, "seq_accuracy": acc / 2, "valid_loss": 1.0,
             "accuracy_by_distance": {"1-1": {"accuracy": None, "fraction": 0.0},
                                      "2-15": {"accuracy": near, "fraction": 0.5},
@@ -30,17 +31,22 @@ def recall_row(variant, seed, acc, near, far):
 def test_tables_pair_gaps_by_seed_keep_the_latest_row_and_the_prose(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
+    # the labels row is an older one: its mechanism under `variant`
+    old = {k: v for k, v in lm_row("labels_d8k2", 0, 2.5, keys=40.0, planned=24.0).items() if k != "mechanism"}
     lm = [lm_row("dense", 0, 2.0), lm_row("dense", 1, 3.0), lm_row("local", 1, 9.9),  # seed 1 is rerun below
-          lm_row("local", 0, 2.2), lm_row("local", 1, 3.0), lm_row("labels", 0, 2.5, keys=40.0, planned=24.0)]
+          lm_row("local", 0, 2.2), lm_row("local", 1, 3.0), {**old, "variant": "labels_d8k2"}]
     (results / "lm.jsonl").write_text("\n".join(json.dumps(r) for r in lm) + "\nnot json\n")
     recall = [recall_row("dense", 0, 0.9, 1.0, 0.8), recall_row("local", 0, 0.5, 0.9, 0.1),
-              recall_row("local", 1, 0.7, 0.9, 0.5)]
+              recall_row("local", 1, 0.7, 0.9, 0.5),
+              dict(recall_row("local", 0, 0.4, 0.8, 0.0), n=128)]  # one seed of every mechanism: a probe
     (results / "retrieval.jsonl").write_text("\n".join(json.dumps(r) for r in recall) + "\n")
     page = tmp_path / "results.md"
     page.write_text(f"# Results\n\nprose before\n\n{report_lm.LM_MARKERS[0]}\nold table\n{report_lm.LM_MARKERS[1]}\n\n"
                     "prose between\n")
+    details = tmp_path / "details"
 
-    assert report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img")) == ["lm", "retrieval"]
+    assert report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img"),
+                            details_dir=str(details)) == ["lm", "retrieval"]
     text = page.read_text()
     assert "old table" not in text and "prose before" in text and "prose between" in text
     assert (text.index(report_lm.LM_MARKERS[1]) < text.index("prose between")
@@ -49,15 +55,25 @@ def test_tables_pair_gaps_by_seed_keep_the_latest_row_and_the_prose(tmp_path):
     lines = {line.split(" | ")[0].lstrip("| "): line for line in lm_part.splitlines() if line.startswith("| ")}
     # local: seeds 0 and 1 (the rerun's 3.0 wins), gaps +10% and 0% against the same seed's dense
     assert "| 0, 1 | 24.0 / 24.0 | 2.200 / 3.000 | 2.600 ± 0.566 | +5.0 ± 7.1% |" in lines["local"]
-    assert "(planned 24.0)" in lines["labels"] and "| 0 | " in lines["labels"] and "+25.0%" in lines["labels"]
+    assert "(planned 24.0)" in lines["labels_d8k2"] and "| 0 | " in lines["labels_d8k2"]
+    assert "+25.0%" in lines["labels_d8k2"]
     assert lines["dense"].count("| – |") == 1  # no gap for the reference itself
+    assert "aaaaaaa" not in text  # commits: in the companion file
     # retrieval: the empty 1-1 bucket is left out; per-bucket means over seeds
     assert "by distance 2-15 / 16-32 |" in text
     assert "| 50.0 / 70.0% | 60.0 ± 14.1% | 90.0 / 30.0% | 30.0 ± 7.1% |" in text
     for png in ("lm_c_n64_curves.png", "lm_c_n64_bpb_vs_flops.png", "retrieval_recall_c_n32_k6.png"):
         assert (tmp_path / "img" / png).read_bytes()[:4] == b"\x89PNG" and f"](img/{png})" in text
+    # the companion files, linked from the page: commits per mechanism; the single-seed group's table
+    lm_details = (details / report_lm.DETAILS_FILES["lm"]).read_text()
+    retrieval_details = (details / report_lm.DETAILS_FILES["retrieval"]).read_text()
+    assert "](details/lm_details.md)" in text and "](details/retrieval_details.md)" in text
+    assert "| local | 0, 1 | aaaaaaa |" in lm_details and "| local | 0, 1 | bbbbbbb |" in retrieval_details
+    assert "recall `c`, n = 128" not in text and "recall `c`, n = 128, 6 keys per query (one seed" in retrieval_details
+    assert "| 40.0% | 40.0% | 80.0 / 0.0% |" in retrieval_details
+    assert "](../img/retrieval_recall_c_n128_k6.png)" in retrieval_details
 
-    report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img"))  # idempotent
+    report_lm.render(str(results), str(page), plots_dir=str(tmp_path / "img"), details_dir=str(details))  # idempotent
     assert page.read_text() == text
 
 
@@ -75,7 +91,7 @@ def test_mean_std(values, text):
 
 def test_mechanism_statistics_over_training_table_and_plot(tmp_path):
     """Label degree / disconnected fraction and ABCA's anchors, zones and insertions: the table shows the last
-    logged step per layer (mean over seeds), the plot the curves; variants with keys only are left out."""
+    logged step per layer (mean over seeds), the plot the curves; mechanisms with keys only are left out."""
     def curve(stats, scale):
         return [{"step": s, **{f"layer{i}/{k}": v * scale * (i + 1) for i in (0, 1) for k, v in stats.items()}}
                 for s, scale in ((10, 1.0), (20, scale))]

@@ -40,7 +40,7 @@ def test_eval_counts_match_a_hand_count_by_distance():
     dist = batch["distance"][real]
     assert float(sums["count"]) == hits.size and float(sums["correct"]) == hits.sum()
     assert float(sums["seq_correct"]) == hits.all(axis=1).sum() and float(sums["seq_count"]) == 6
-    for label, lo, hi in zip(retrieval.bucket_labels(edges), edges[:-1], edges[1:]):
+    for label, lo, hi in zip(retrieval.bucket_labels(edges), edges[:-1], edges[1:], strict=True):
         inside = (dist >= lo) & (dist < hi)
         assert float(sums[f"count/{label}"]) == inside.sum()
         assert float(sums[f"correct/{label}"]) == (hits & inside).sum()
@@ -86,7 +86,7 @@ def test_grid_within_a_total_budget(tmp_path):
                                 run_cmd=fake_run, clock=lambda: now[0], log=lambda *_: None)
     assert limits == [100, 100, 60]
     assert list(status.values()) == ["finished"] * 3 + ["not run (out of time: run again to continue)"]
-    assert [c.n for _, c in retrieval.GRIDS["gpu"]][::6] == [1024, 4096, 16384]  # six variants a length
+    assert [c.n for _, c in retrieval.GRIDS["gpu"]][::6] == [1024, 4096, 16384]  # six mechanisms a length
     assert {t for t, _ in retrieval.GRIDS["gpu"]} == {"passkey"}
 
 
@@ -95,12 +95,12 @@ def test_gpu_grid_budgets_can_be_matched():
     labels cannot reach 24 there (checked up to 4k here, 16k by hand: docs/lm.md)."""
     for _, cell in retrieval.GRIDS["gpu"]:
         if cell.n <= 4096:
-            att = attention_for_budget(cell.variant, n=cell.n, keys_per_query_target=cell.budget)
+            att = attention_for_budget(cell.mechanism, n=cell.n, keys_per_query_target=cell.budget)
             assert att is not None
-            if cell.variant == "moba" and cell.budget >= 64:  # tiles the GPU's "pallas" executor can run
+            if cell.mechanism == "moba" and cell.budget >= 64:  # tiles the GPU's "pallas" executor can run
                 assert att.blocks[2] == 16 and att.block_size % 16 == 0, att
     with pytest.raises(ValueError, match="no radius gives 24 keys"):
-        attention_for_budget("labels", n=4096, keys_per_query_target=24)
+        attention_for_budget("labels_d8k2", n=4096, keys_per_query_target=24)
 
 
 def test_cpu_small_places_keys_inside_and_beyond_the_local_window():
@@ -113,14 +113,14 @@ def test_cpu_small_places_keys_inside_and_beyond_the_local_window():
     assert 0.05 < inside < 0.5 and np.mean(dist > 2 * radius) > 0.3
 
 
-def test_plot_writes_a_png_per_variant(tmp_path):
+def test_plot_writes_a_png_per_mechanism(tmp_path):
     edges = retrieval.distance_edges(N)
     by = {lab: {"accuracy": 0.5, "fraction": 0.2} for lab in retrieval.bucket_labels(edges)}
-    row = {"task": "recall", "config": "smoke", "n": N, "budget_keys_per_query": 12.0, "variant": "local", "seed": 0,
+    row = {"task": "recall", "config": "smoke", "n": N, "budget_keys_per_query": 12.0, "mechanism": "local", "seed": 0,
            "accuracy_by_distance": by, "attention": {"type": "LocalAttention", "radius": 12},
            "keys_per_query": [11.8], "planned_keys_per_query": 11.8, "task_config": {"num_values": 16}}
     results = tmp_path / "r.jsonl"
-    results.write_text("\n".join(json.dumps(r) for r in (row, {**row, "seed": 1}, {**row, "variant": "dense",
+    results.write_text("\n".join(json.dumps(r) for r in (row, {**row, "seed": 1}, {**row, "mechanism": "dense",
                                                                                      "attention": {}})) + "\n")
     png = tmp_path / "img" / "acc.png"
     retrieval.main(["--plot", str(png), "--results", str(results), "--config", "smoke", "--n", str(N),

@@ -92,7 +92,7 @@ def test_cli_resume_refuses_other_attention_or_text(tmp_path, monkeypatch, capsy
         return err[0]
 
     assert re.search(r"model\.attention\.0\._type: checkpoint 'LocalAttention'",
-                     refused("--num_steps", "2", "--attention", "dense"))
+                     refused("--num_steps", "2", "--mechanism", "dense"))
     err = refused("--num_steps", "2", "--text", str(tmp_path / "other.txt"))
     assert re.search(r"data\.path: .*other\.txt", err) and "corpus.train_crc32" in err
     assert "train.num_steps: checkpoint 2 != now 3" in refused()

@@ -33,7 +33,7 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
         for i in range(2)
     ]
     outs = [p.communicate(timeout=180) for p in procs]
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     assert [r["process"] for r in results] == [0, 1]

@@ -189,7 +189,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.coordinator:
         jax.config.update("jax_num_cpu_devices", 1)
-    from sparse_attn.train import distributed  # noqa: E402
+    from sparse_attn.train import distributed
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id, timeout_s=60)
     def wrap(it):
