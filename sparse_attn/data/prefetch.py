@@ -1,10 +1,10 @@
 """Training batches built ahead in a worker thread while the device runs the step.
 
 Generated tasks cost ~1-2 ms per example in Python (docs/tasks.md: ListOps 2048 ~540 examples per CPU-second),
-about as long as a GPU step of the seed's encoder. Batch `t` of `TaskBatches` is a pure function of
-`(seed, t)`, so a worker can build batches `t+1 .. t+depth` while step `t` runs (XLA releases the GIL), and
-the state stays `{"seed", "step"}` of the batches *handed out*: a checkpoint never counts a prefetched batch,
-and a resume rebuilds it. Same batches, same order as `TaskBatches`.
+about as long as a GPU step of the non-crossing research document's encoder (6 x 256). Batch `t` of `TaskBatches`
+is a pure function of `(seed, t)`, so a worker can build batches `t+1 .. t+depth` while step `t` runs (XLA releases
+the GIL), and the state stays `{"seed", "step"}` of the batches *handed out*: a checkpoint never counts a
+prefetched batch, and a resume rebuilds it. Same batches, same order as `TaskBatches`.
 """
 
 from __future__ import annotations

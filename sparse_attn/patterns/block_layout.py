@@ -56,7 +56,7 @@ class BlockLayout:
     def num_tokens(self) -> int:
         return self.mask.num_tokens
 
-    def validate(self, batch: int | None = None, heads: int | None = None) -> "BlockLayout":
+    def validate(self, batch: int | None = None, heads: int | None = None) -> BlockLayout:
         self.mask.validate(batch, heads)
         if self.random_blocks is not None:
             common.check_lead("BlockLayout.random_blocks", self.random_blocks.shape, batch, heads)
@@ -108,7 +108,7 @@ class BlockLayout:
         capacity: int | None = None,
         split_full: bool = True,
         global_rows: bool = True,
-    ) -> "BlockLayout":
+    ) -> BlockLayout:
         """Classifies blocks from O(n) interval bounds and compacts them into lists.
 
         Args:

@@ -45,7 +45,7 @@ class Intervals:
     def num_tokens(self) -> int:
         return self.lo.shape[-1]
 
-    def validate(self, batch: int | None = None, heads: int | None = None) -> "Intervals":
+    def validate(self, batch: int | None = None, heads: int | None = None) -> Intervals:
         """Raises ValueError on bad shapes/dtypes (always) and bad values (when not traced)."""
         n = self.num_tokens
         common.check_int("Intervals.lo", self.lo, 3)

@@ -37,7 +37,7 @@ class NeighbourList:
     def width(self) -> int:
         return self.idx.shape[3]
 
-    def validate(self, batch: int | None = None, heads: int | None = None) -> "NeighbourList":
+    def validate(self, batch: int | None = None, heads: int | None = None) -> NeighbourList:
         common.check_int("NeighbourList.idx", self.idx, 4)
         if self.valid.dtype != jnp.bool_ or self.valid.shape != self.idx.shape:
             raise ValueError(

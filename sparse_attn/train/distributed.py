@@ -29,7 +29,3 @@ def initialize(coordinator: str | None, num_processes: int | None = None, proces
     jax.distributed.initialize(
         coordinator, num_processes=num_processes, process_id=process_id, initialization_timeout=timeout_s
     )
-
-
-def is_main_process() -> bool:
-    return jax.process_index() == 0

@@ -25,9 +25,9 @@ def test_same_seed_same_batches_other_seed_other_batches():
     a = _take(RandomWindows(TOKENS, global_batch=4, seq_len=8, seed=1), 5)
     b = _take(RandomWindows(TOKENS, global_batch=4, seq_len=8, seed=1), 5)
     c = _take(RandomWindows(TOKENS, global_batch=4, seq_len=8, seed=2), 5)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x["inputs"], y["inputs"])
-    assert any((x["inputs"] != z["inputs"]).any() for x, z in zip(a, c))
+    assert any((x["inputs"] != z["inputs"]).any() for x, z in zip(a, c, strict=True))
 
 
 def test_resume_from_json_state_continues_the_stream():
@@ -37,7 +37,7 @@ def test_resume_from_json_state_continues_the_stream():
     state = json.loads(json.dumps(it.get_state()))
     resumed = RandomWindows(TOKENS, global_batch=4, seq_len=8, seed=3)
     resumed.set_state(state)
-    for x, y in zip(full[4:], _take(resumed, 3)):
+    for x, y in zip(full[4:], _take(resumed, 3), strict=True):
         np.testing.assert_array_equal(x["targets"], y["targets"])
     with pytest.raises(ValueError, match="seed"):
         RandomWindows(TOKENS, global_batch=4, seq_len=8, seed=4).set_state(state)
@@ -56,13 +56,13 @@ def test_eval_batches_are_fixed_and_cover_the_set():
     a = list(eval_batches(TOKENS, global_batch=4, seq_len=8, num_batches=3))
     b = list(eval_batches(TOKENS, global_batch=4, seq_len=8, num_batches=3))
     assert len(a) == 3
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x["inputs"], y["inputs"])
     starts = np.concatenate([x["inputs"][:, 0] for x in a]).astype(np.int64)
     assert starts[0] == 0 and starts[-1] == (1000 - 9) % 256  # spans the whole set
     halves = [list(eval_batches(TOKENS, global_batch=4, seq_len=8, num_batches=3, process_index=i,
                                 process_count=2)) for i in range(2)]
-    for whole, p0, p1 in zip(a, *halves):
+    for whole, p0, p1 in zip(a, *halves, strict=True):
         np.testing.assert_array_equal(np.concatenate([p0["inputs"], p1["inputs"]]), whole["inputs"])
 
 

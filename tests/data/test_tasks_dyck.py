@@ -49,7 +49,7 @@ def test_labels_counts_and_distance(seq_len, count):
     out = batch(task.source("train"), range(count))
     lo, hi = task.length_band
     for inputs, label, valid_len, distance, position in zip(
-            out["inputs"], out["label"], out["valid_len"], out["distance"], out["position"]):
+            out["inputs"], out["label"], out["valid_len"], out["distance"], out["position"], strict=True):
         assert lo <= valid_len <= hi and valid_len % 2 == 0
         assert (inputs[:valid_len] != 0).all() and (inputs[valid_len:] == 0).all()
         word = decode(inputs, task.k)

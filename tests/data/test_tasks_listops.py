@@ -48,7 +48,8 @@ def test_answers_lengths_and_shape_match_the_definition(seq_len, count):
     task = ListOps(seq_len=seq_len)
     out = batch(task.source("train"), range(count))
     lo, hi = seq_len // 2, seq_len
-    for inputs, label, valid_len, depth in zip(out["inputs"], out["label"], out["valid_len"], out["depth"]):
+    for inputs, label, valid_len, depth in zip(
+            out["inputs"], out["label"], out["valid_len"], out["depth"], strict=True):
         assert inputs.dtype == np.int32 and inputs.shape == (seq_len,)
         assert lo <= valid_len <= hi
         assert (inputs[:valid_len] != 0).all() and (inputs[valid_len:] == 0).all()

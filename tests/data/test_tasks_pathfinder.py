@@ -39,7 +39,7 @@ def test_label_is_connectivity_of_the_dots(size, count):
     out = batch(task.source("train"), range(count))
     assert out["inputs"].shape == (count, size * size) and (out["valid_len"] == size * size).all()
     _, num_distractors, _ = task.lengths
-    for inputs, label in zip(out["inputs"], out["label"]):
+    for inputs, label in zip(out["inputs"], out["label"], strict=True):
         image = inputs.reshape(size, size)
         assert set(np.unique(image)) == {1, 2, 3}
         dots = image == DOT

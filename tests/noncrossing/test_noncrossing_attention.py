@@ -50,7 +50,7 @@ def _host_defect_pair_router(u, v, w, c, beta, limit, n, tau=0.0):
             for j in range(len(pairs))
             if s[j] > tau and (j == 0 or s[j] > s[j - 1]) and (j + 1 == len(pairs) or s[j] >= s[j + 1])
         ]
-        cap_score.update({pr: sc for pr, sc in zip(pairs, s) if pr in chosen})
+        cap_score.update({pr: sc for pr, sc in zip(pairs, s, strict=True) if pr in chosen})
         gens = [i for a, b in chosen for i in tl_oracles.pair_closing_generators(p, a, b)]
         for i in sorted(gens):
             dn.rmul_gen(p, i)

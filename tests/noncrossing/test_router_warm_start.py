@@ -62,7 +62,7 @@ def test_fit_builds_the_bracket_matching():
     assert float(loss) < 0.1  # the BCE plateaus near 0.2 for ~20 steps, then falls
     opens, vl = _words(rng, 16)
     p_BxHx2N = np.asarray(jax.jit(attn.route)(feats(opens, vl), jnp.asarray(vl))["p"])
-    for p_Hx2N, o, v in zip(p_BxHx2N, opens, vl):
+    for p_Hx2N, o, v in zip(p_BxHx2N, opens, vl, strict=True):
         for p in p_Hx2N:
             assert [c for c in dn.caps(p) if c[1] < v] == bracket_matching(o[:v])
 

@@ -70,7 +70,7 @@ def _block_around(blocked: np.ndarray, pixels) -> None:
 def components(image: np.ndarray) -> tuple[int, dict[tuple[int, int], int]]:
     """8-connected components of non-background pixels: (count, {(r, c): component id})."""
     rows, cols = np.nonzero(image != BACKGROUND)
-    todo = set(zip(rows.tolist(), cols.tolist()))
+    todo = set(zip(rows.tolist(), cols.tolist(), strict=True))
     comp: dict[tuple[int, int], int] = {}
     n = 0
     while todo:
@@ -149,7 +149,7 @@ class Pathfinder:
             return None  # the dots would touch: keep a background pixel between them
         image = np.full((self.size, self.size), BACKGROUND, dtype=np.int32)
         for pixels in paths:
-            rows, cols = zip(*pixels)
+            rows, cols = zip(*pixels, strict=True)
             image[rows, cols] = PATH
         for r, c in ends:
             image[r - 1:r + 2, c - 1:c + 2] = DOT

@@ -1,4 +1,4 @@
-"""ABCA (seed 000): anchor placement, zones, the Intervals of stages 1 and 3, handshake patterns. Pure, jit-able."""
+"""ABCA (docs/abca.md): anchor placement, zones, the Intervals of stages 1 and 3, handshake patterns. Pure, jit-able."""
 
 from sparse_attn.patterns.abca.handshake import anchor_positions, chain_handshake, global_handshake
 from sparse_attn.patterns.abca.layer_pattern import (

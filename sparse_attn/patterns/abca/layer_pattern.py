@@ -1,7 +1,7 @@
 """The Intervals of ABCA's stages 1 (anchor gather) and 3 (zone attention), bidirectional and causal.
 
-Under ABCA's reading of the seed (docs/abca.md) every query's keys are one contiguous range, so one `Intervals`
-per stage describes it:
+Under our reading of the ABCA research document (docs/abca.md) every query's keys are one contiguous range, so one
+`Intervals` per stage describes it:
   stage 1, anchor a_j:        [a_{j-1}, right(a_j)]   causal [a_{j-1}, a_j]   (a_{-1} := a_0 = 0)
   stage 3, interval token t:  [left(t), right(t)]     causal [left(t), t]
 Rows of the other kind (and padding) are empty (lo > hi). Both fit `reach = (max_zone, max_zone)` once the zone cap

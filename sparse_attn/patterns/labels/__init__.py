@@ -1,4 +1,4 @@
-"""Label-intersection patterns (seed 001, docs/labels.md): base graph, bitmasks, soft score, buckets."""
+"""Label-intersection patterns (docs/labels.md): base graph, bitmasks, soft score, buckets."""
 
 from sparse_attn.patterns.labels.base_graph import BaseGraph
 from sparse_attn.patterns.labels.bits import check_labels, pack_labels, pack_memberships, top_k_labels

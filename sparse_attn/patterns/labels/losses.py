@@ -18,7 +18,7 @@ def _valid(n: int, valid_len) -> jax.Array:
 
 
 def sparsity(p_BxPxNxL: jax.Array, valid_len=None) -> jax.Array:
-    """mean(p) over valid tokens and labels: the seed's Σ p_ui, normalised."""
+    """mean(p) over valid tokens and labels: the label-intersection research document's Σ p_ui, normalised."""
     m = jnp.broadcast_to(_valid(p_BxPxNxL.shape[2], valid_len), p_BxPxNxL.shape[:3] + (1,))
     total = jnp.sum(jnp.where(m, p_BxPxNxL, 0.0))
     return total / (jnp.maximum(jnp.sum(m, dtype=jnp.float32), 1.0) * p_BxPxNxL.shape[-1])

@@ -41,7 +41,8 @@ def key_rows(p_2N: jax.Array, *, cup_slot: bool = True) -> tuple[jax.Array, jax.
 
 
 def through_rows(p_2N: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The seed-literal ablation: query a's only key is the bottom end b of its through-strand (none if capped)."""
+    """The literal reading of the non-crossing research document (an ablation): query a's only key is the bottom end
+    b of its through-strand (none if capped)."""
     n = p_2N.shape[0] // 2
     a = jnp.arange(n, dtype=jnp.int32)
     idx = (p_2N[:n] % n)[:, None].astype(jnp.int32)

@@ -7,6 +7,7 @@ and the tails ``k_s`` strictly increasing. It is the shortlex-minimal word of it
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -64,7 +65,7 @@ def is_jones_nf(word) -> bool:
         if t == len(w) or w[t] != w[t - 1] - 1:
             runs.append((w[s], w[t - 1]))
             s = t
-    return all(j1 < j2 and k1 < k2 for (j1, k1), (j2, k2) in zip(runs, runs[1:]))
+    return all(j1 < j2 and k1 < k2 for (j1, k1), (j2, k2) in itertools.pairwise(runs))
 
 
 def all_jones_nfs(n: int) -> Iterator[list[int]]:

@@ -32,5 +32,5 @@ def surviving_arcs(idx_NxK: jax.Array, valid_NxK: jax.Array) -> jax.Array:
 
 
 def normal_form_length(p_2N) -> int:
-    """Length of the Jones normal form (host, O(n²)): the word length after rewriting."""
+    """Length of the Jones normal form (host, O(n²)): the length of the shortest word for the diagram."""
     return len(normal_form.diagram_to_jones_nf(np.asarray(jax.device_get(p_2N))))
