@@ -10,6 +10,7 @@ from sparse_attn.attention import (
     register_executor,
     resolve_implementation,
 )
+from sparse_attn.attention_fn import make_attention_fn
 from sparse_attn.patterns import BlockLayout, Intervals, NeighbourList
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "attention",
     "available_implementations",
     "default_implementation",
+    "make_attention_fn",
     "patterns",
     "prepare",
     "register_executor",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

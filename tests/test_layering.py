@@ -14,6 +14,7 @@ RANK = {
     "kernels": 1,  # the Pallas kernels: below every executor, "pallas" included (executors/pallas.py)
     "executors": 2,
     "attention": 3,
+    "attention_fn": 3,  # the flax.nnx attention_fn adapter, beside the entry point it calls
     "viz": 3,
     "modules": 4,
     "models": 5,

@@ -142,7 +142,8 @@ def main(argv=None) -> dict:
         for i, (module, q, k, v, labels) in inputs.items():
             d, kk = module.config.num_labels, module.config.top_k
             keys = jax.random.split(jax.random.PRNGKey(i), labels.shape[0] * labels.shape[2])
-            balanced = jax.vmap(lambda key: jax.random.permutation(key, d)[:kk])(keys).reshape(labels.shape)
+            balanced = jax.vmap(lambda key, d=d, kk=kk: jax.random.permutation(key, d)[:kk])(keys)
+            balanced = balanced.reshape(labels.shape)
             timing[f"layer{i}"] = time_settings(dict(
                 trained_planned=module_core_fns(module, labels, planned[i]),  # as trained: the tier the batch needs
                 trained_calibrated=module_core_fns(module, labels, module.planned_reach(tc.seq_len)),  # tier 0

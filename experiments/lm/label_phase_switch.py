@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import json
 import os
 
@@ -172,7 +173,7 @@ def main(argv=None):
               {k: round(v, 4) for k, v in tr.items() if k.startswith("layer")}, flush=True)
     # Paired differences (same sequences): the forward's change between consecutive probed steps.
     pairs = {}
-    for a, b in zip(args.steps, args.steps[1:]):
+    for a, b in itertools.pairwise(args.steps):
         d = np.asarray(results[b]["train"]["nll_per_seq"]) - np.asarray(results[a]["train"]["nll_per_seq"])
         pairs[f"{a}->{b}"] = dict(mean=float(d.mean()), sem=float(d.std(ddof=1) / np.sqrt(d.size)))
         print(f"train nll {a} -> {b}: {d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(d.size):.4f} (paired, sem)")

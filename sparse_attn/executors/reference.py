@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
+from sparse_attn.patterns.dense_bias import DenseBias
 from sparse_attn.patterns.intervals import Intervals
 
 
@@ -56,6 +56,8 @@ def spans_sequence(pattern: Intervals) -> bool:
 
 
 registry.set_reference(reference_attention)
+# A dense bias (an arbitrary mask or bias from a caller, `sparse_attn.make_attention_fn`) has the oracle only.
+registry.register_executor(DenseBias, "reference", reference_attention)
 
 # On CPU a dense Intervals of up to 512 tokens (`spans_sequence`: the LM's dense layers) runs "reference" by
 # default, by measurement:

@@ -25,7 +25,7 @@ executor then receives the result as `fn(..., prepared=metadata)` instead of reb
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 

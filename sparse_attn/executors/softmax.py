@@ -48,7 +48,10 @@ def range_any(flag_BxNxG, lo_BxN, hi_BxN):
     """bool[B, N, G]: does flag hold anywhere in [lo, hi] (per row; empty ranges give False)? O(N) prefix counts."""
     n = flag_BxNxG.shape[1]
     c = jnp.pad(jnp.cumsum(flag_BxNxG, axis=1, dtype=jnp.int32), ((0, 0), (1, 0), (0, 0)))
-    at = lambda i: jnp.take_along_axis(c, jnp.clip(i, 0, n)[..., None], axis=1)
+
+    def at(i):
+        return jnp.take_along_axis(c, jnp.clip(i, 0, n)[..., None], axis=1)
+
     return (lo_BxN <= hi_BxN)[..., None] & (at(hi_BxN + 1) > at(lo_BxN))
 
 
@@ -66,10 +69,10 @@ def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):
     m = jax.lax.stop_gradient(jnp.max(s, axis=axis, keepdims=True))
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     e = jnp.exp(s - m)
-    l = jnp.sum(e, axis=axis, keepdims=True)
-    alive = l > 0
-    denom = jnp.where(alive, l, 1.0)
-    dead = jnp.where(jnp.isnan(l), jnp.nan, -jnp.inf)
+    row_sum = jnp.sum(e, axis=axis, keepdims=True)
+    alive = row_sum > 0
+    denom = jnp.where(alive, row_sum, 1.0)
+    dead = jnp.where(jnp.isnan(row_sum), jnp.nan, -jnp.inf)
     lse = jnp.where(alive, m + jnp.log(denom), dead)
     return e, denom, jnp.squeeze(lse, axis)
 
@@ -93,10 +96,13 @@ def merge_lse(out_xSxD: jax.Array, lse_xS: jax.Array, axis: int) -> tuple[jax.Ar
     tot = jnp.sum(w, axis=axis, keepdims=True)
     alive = tot > 0
     w_xS1 = jnp.expand_dims(w / jnp.where(alive, tot, 1.0), -1)
+
+    def take(x, s):
+        return jnp.take(x, s, axis=axis)
+
     # S is small and static: a sum of slices, not a reduce. jaxlib 0.10.2's CPU backend segfaults running the
     # reduce over S for some shapes (o [2, 1, 64, S=2, 2, 2, 8], axis 3: the bucket and landmark parts of a
     # k = 1 batch of 2 under the executor's vmaps).
-    take = lambda x, s: jnp.take(x, s, axis=axis)
     out = sum(take(out_xSxD, s) * take(w_xS1, s) for s in range(out_xSxD.shape[axis]))
     lse = jnp.where(alive, m + jnp.log(jnp.where(alive, tot, 1.0)), -jnp.inf)
     return out, jnp.squeeze(lse, axis)

@@ -41,7 +41,7 @@ class BlockSizes:
         return (self.block_q_bwd or self.block_q, self.block_k_bwd or self.block_k)
 
     @classmethod
-    def default(cls, backend: str, head_dim: int, dtype=None) -> "BlockSizes":
+    def default(cls, backend: str, head_dim: int, dtype=None) -> BlockSizes:
         """Triton: FlexAttention's H100 bf16 tiles (128x128, 3 stages) for D <= 64, 128x64 above, 64x32 above 128;
         64x64 backward (register pressure of five tiles), 32x32 above D = 128. Tiles depend on D only (so metadata
         prepared without a dtype serves every dtype); pipeline stages drop, per dtype (None: bf16), until every
@@ -88,7 +88,7 @@ class KernelConfig:
         if self.backward not in ("pallas", "xla"):
             raise ValueError(f"KernelConfig.backward must be 'pallas' or 'xla', got {self.backward!r}")
 
-    def resolve(self, head_dim: int, platform: str | None = None, dtype=None) -> "KernelConfig":
+    def resolve(self, head_dim: int, platform: str | None = None, dtype=None) -> KernelConfig:
         """Fills every None from the platform (default: JAX's default backend) and the inputs' dtype (None: bf16;
         it sets the Triton pipeline stages, never the tiles)."""
         platform = platform or jax.default_backend()

@@ -142,8 +142,8 @@ def _q_kernel(*refs, scale, bq, bk, rp, hb, hmax, bmax, qb, cap, causal, labels,
                 acc_scr[r] = acc_scr[r] + tiles.dot(ds.astype(k.dtype), k_mm)
             else:
                 s = tiles.masked_logits(s, ok)
-                m, l, acc = tiles.online_update(m_scr[r], l_scr[r], acc_scr[r], s, v, c=c, masked=masked)
-                m_scr[r], l_scr[r], acc_scr[r] = m, l, acc
+                m, row_sum, acc = tiles.online_update(m_scr[r], l_scr[r], acc_scr[r], s, v, c=c, masked=masked)
+                m_scr[r], l_scr[r], acc_scr[r] = m, row_sum, acc
 
     run = t < count_ref[row]
     pl.when(run & (masked_ref[pos] != 0))(lambda: body(True))

@@ -56,32 +56,33 @@ def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, 
     if q_labels:
         w = len(q_labels) // 2 if exclude else len(q_labels)
         share = (q_labels[0] & k_labels[0]) != 0
-        for lq, lk in zip(q_labels[1:w], k_labels[1:w]):
+        for lq, lk in zip(q_labels[1:w], k_labels[1:w], strict=True):
             share = share | ((lq & lk) != 0)
         ok = ok & share
-        for lq, lk in zip(q_labels[w:] if exclude else [], k_labels[:w]):
-            ok = ok & ((lq & lk) == 0)
+        if exclude:
+            for lq, lk in zip(q_labels[w:], k_labels[:w], strict=True):
+                ok = ok & ((lq & lk) == 0)
     return ok
 
 
-def online_update(m, l, acc, s, v, *, c: float, masked: bool):
-    """One step of the online softmax on raw logits s [bq, bk] (weights exp2((s - m) * c)); m (raw units), l:
+def online_update(m, row_sum, acc, s, v, *, c: float, masked: bool):
+    """One step of the online softmax on raw logits s [bq, bk] (weights exp2((s - m) * c)); m (raw units), row_sum:
     [bq, 1], acc: [bq, D] float32."""
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     # A row that has seen no allowed key keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
     m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
     alpha = jnp.exp2((m - m_use) * c)
     p = jnp.exp2((s - m_use) * c)
-    l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+    row_sum = alpha * row_sum + jnp.sum(p, axis=1, keepdims=True)
     acc = alpha * acc + dot(p.astype(v.dtype), v)
-    return m_new, l, acc
+    return m_new, row_sum, acc
 
 
-def finalize(m, l, acc, c: float):
+def finalize(m, row_sum, acc, c: float):
     """(out [bq, D] float32, lse [bq, 1] natural log): 0 and -inf on rows with no allowed key."""
-    empty = l == 0.0
-    out = acc / jnp.where(empty, 1.0, l)
-    lse = jnp.where(empty, -jnp.inf, (m * c + jnp.log2(jnp.where(empty, 1.0, l))) / LOG2E)
+    empty = row_sum == 0.0
+    out = acc / jnp.where(empty, 1.0, row_sum)
+    lse = jnp.where(empty, -jnp.inf, (m * c + jnp.log2(jnp.where(empty, 1.0, row_sum))) / LOG2E)
     return out, lse
 
 

@@ -78,7 +78,7 @@ class MobaAttentionConfig:
     def selection(self) -> Blocks:
         return Blocks.of(self.block_size, self.query_block, self.tile, self.top_k)
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "MobaAttention":
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> MobaAttention:
         return MobaAttention(self, model_dim, num_heads, rngs=rngs)
 
 

@@ -95,7 +95,7 @@ class NsaAttentionConfig:
     def selection(self) -> Blocks:
         return Blocks.of(self.select_block, self.query_block, self.tile, self.top_n)
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "NsaAttention":
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> NsaAttention:
         return NsaAttention(self, model_dim, num_heads, rngs=rngs)
 
 
@@ -228,12 +228,12 @@ class NsaAttention(nnx.Module):
         b, n, h, _ = q_BxNxHxD.shape
         g = slc_kv[0].shape[2]
         vl, q, dt = valid_len_B, q_BxNxHxD, q_BxNxHxD.dtype
-        l, d = cfg.compress_block, cfg.compress_stride
+        blk, d = cfg.compress_block, cfg.compress_stride
 
-        count = jnp.broadcast_to(compressed_counts(n, l, d, causal=causal, valid_len=vl), (b, n))
-        if num_compressed(n, l, d) > 0:
+        count = jnp.broadcast_to(compressed_counts(n, blk, d, causal=causal, valid_len=vl), (b, n))
+        if num_compressed(n, blk, d) > 0:
             kc, vc = self.phi_k(cmp_kv[0], d, vl), self.phi_v(cmp_kv[1], d, vl)
-            kc = self._rope(kc, jnp.asarray(block_starts(n, l, d) + l - 1))  # a block speaks from its last key
+            kc = self._rope(kc, jnp.asarray(block_starts(n, blk, d) + blk - 1))  # a block speaks from its last key
             o_cmp, p = compressed_attention(q, kc.astype(dt), vc.astype(dt), count)
         else:  # shorter than one compressed block: the branch is empty, selection falls back to sinks and recency
             o_cmp, p = jnp.zeros_like(q), jnp.zeros((b, h, n, 1), jnp.float32)

@@ -33,7 +33,7 @@ class _PatternConfig:
             "keys_per_query": jax.lax.stop_gradient(keys_per_query(keys, ctx.valid_len)),
         }
 
-    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> "PatternAttention":
+    def make(self, model_dim: int, num_heads: int, *, rngs: nnx.Rngs) -> PatternAttention:
         return PatternAttention(self, model_dim, num_heads, rngs=rngs)
 
 

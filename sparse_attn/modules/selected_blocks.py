@@ -26,7 +26,7 @@ class Blocks:
     top_k: int
 
     @classmethod
-    def of(cls, block_size: int, query_block: int | None, tile: int | None, top_k: int) -> "Blocks":
+    def of(cls, block_size: int, query_block: int | None, tile: int | None, top_k: int) -> Blocks:
         return cls(*check_blocks(block_size, query_block, tile), top_k)
 
 

@@ -104,7 +104,10 @@ def abca_forward_gqa(q, k, v, is_anchor, valid_len, wq, wk, wv, *, rope_base=Non
     re-projected states."""
     n, h, d = q.shape
     g = k.shape[1]
-    group = lambda head: head // (h // g)
+
+    def group(head):
+        return head // (h // g)
+
     scale = 1 / np.sqrt(d) if scale is None else scale
     anchors = anchor_list(is_anchor, valid_len)
     states = [
@@ -133,7 +136,10 @@ def abca_forward_summaries(q, k, v, is_anchor, valid_len, wq, wk, wv, wsum, *, r
     each anchor its row holds (one more key/value each, re-projected as summary 0's)."""
     n, h, d = q.shape
     g = k.shape[1]
-    group = lambda head: head // (h // g)
+
+    def group(head):
+        return head // (h // g)
+
     scale = 1 / np.sqrt(d) if scale is None else scale
     anchors = anchor_list(is_anchor, valid_len)
     summaries = [np.eye(d)[None].repeat(h, 0), *wsum]  # summary 0 gathers with q itself

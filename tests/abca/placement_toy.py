@@ -14,9 +14,7 @@ Measure across seeds (the test's margin comes from this):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

@@ -76,10 +76,13 @@ def test_implementations_match_reference(cfg, impl, gqa):
     ct = jax.random.normal(jax.random.PRNGKey(7), args[0].shape)
     ref, fast = _core(zones, w, implementation="reference", **kw), _core(zones, w, implementation=impl, **kw)
     np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
-    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
+
+    def loss(f):
+        return lambda *a: jnp.sum(f(*a) * ct)
+
     g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args, *w)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
-    for a, b in zip(g_fast, g_ref):
+    for a, b in zip(g_fast, g_ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
@@ -90,14 +93,20 @@ def test_xla_handshake_over_many_pages_matches_reference(causal):
     zones, args, w = _setup(3, density=0.6)
     assert int(jnp.min(zones.num_anchors)) > 3 * 2
     kw = {"causal": causal, "handshake": "chain", "handshake_steps": 2, "max_anchors": 3}
-    fast = lambda *a: abca_core(*a[:3], zones, AnchorProjections(*a[3:], rope_base=100.0), max_zone=MZ, **kw)
+
+    def fast(*a):
+        return abca_core(*a[:3], zones, AnchorProjections(*a[3:], rope_base=100.0), max_zone=MZ, **kw)
+
     ref = _core(zones, w, implementation="reference", **kw)
     np.testing.assert_allclose(jax.jit(fast)(*args, *w)[0], jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
     ct = jax.random.normal(jax.random.PRNGKey(3), args[0].shape)
-    loss = lambda f: lambda *a: jnp.sum((f(*a)[0] if f is fast else f(*a)) * ct)
+
+    def loss(f):
+        return lambda *a: jnp.sum((f(*a)[0] if f is fast else f(*a)) * ct)
+
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(6))))(*args, *w)
     g_ref = jax.jit(jax.grad(loss(ref), tuple(range(6))))(*args, *w)
-    for a, b in zip(g_fast, g_ref):
+    for a, b in zip(g_fast, g_ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
@@ -106,7 +115,10 @@ def test_core_rejects_bad_input():
     proj = AnchorProjections(*w)
     with pytest.raises(ValueError, match=r"k, v \[B, N, G, D\]"):
         abca_core(q, k[..., :4], v[..., :4], zones, proj, max_zone=MZ)
-    three = lambda x: jnp.concatenate([x, x[:, :, :1]], axis=2)  # 3 KV heads for H = 2 query heads
+
+    def three(x):  # 3 KV heads for H = 2 query heads
+        return jnp.concatenate([x, x[:, :, :1]], axis=2)
+
     with pytest.raises(ValueError, match="multiple of KV heads"):
         abca_core(q, three(k), three(v), zones, proj, max_zone=MZ)
     with pytest.raises(ValueError, match="do not match"):
@@ -128,9 +140,14 @@ def test_xla_bf16_close_to_fp32_reference(cfg):
     """bf16 q, k, v and anchor weights: the packed path accumulates in fp32 and stays within bf16 rounding."""
     kw = CONFIGS[cfg]
     zones, args, w = _setup(cfg)
-    bf = lambda xs: [x.astype(jnp.bfloat16) for x in xs]
+
+    def bf(xs):
+        return [x.astype(jnp.bfloat16) for x in xs]
+
+    def up(xs):
+        return [x.astype(jnp.float32) for x in xs]
+
     args16, w16 = bf(args), bf(w)
-    up = lambda xs: [x.astype(jnp.float32) for x in xs]
     ref = jax.jit(_core(zones, w, implementation="reference", **kw))(*up(args16), *up(w16))
     fast = _core(zones, w, implementation="packed", **kw)
     out = jax.jit(fast)(*args16, *w16)
@@ -177,7 +194,7 @@ def test_xla_matches_reference_on_random_configurations(seed):
 
     (g_fast, o_fast), (g_ref, o_ref) = out_and_grads(core("packed")), out_and_grads(core("reference"))
     np.testing.assert_allclose(o_fast, o_ref, atol=1e-5, rtol=1e-5)
-    for a, b in zip(g_fast, g_ref):
+    for a, b in zip(g_fast, g_ref, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
 

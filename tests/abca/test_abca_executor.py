@@ -51,10 +51,12 @@ def test_packed_matches_reference(causal, heads, groups, max_zone, width):
     empty = ~np.asarray(pattern.to_dense()[:, 0].any(-1))  # anchors and padding: no allowed key
     assert empty.any() and np.all(np.asarray(o1)[empty] == 0)
 
-    loss = lambda f: lambda q, k, v: jnp.sum(f(q, k, v)[0] * ct)
+    def loss(f):
+        return lambda q, k, v: jnp.sum(f(q, k, v)[0] * ct)
+
     g1 = jax.jit(jax.grad(loss(packed), (0, 1, 2)))(q, k, v)
     g2 = jax.jit(jax.grad(loss(ref), (0, 1, 2)))(q, k, v)
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
     # Keys no query may read (padding of the short sequence) get exactly zero gradient.
@@ -109,6 +111,6 @@ def test_zone_pattern_packed_matches_its_reference_through_attention(stage, caus
     np.testing.assert_allclose(o1, o2, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(np.isneginf(l1), np.isneginf(l2))
     np.testing.assert_allclose(np.where(np.isinf(l2), 0, l1), np.where(np.isinf(l2), 0, l2), atol=1e-5, rtol=1e-5)
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
     assert sparse_attn.default_implementation("cpu", abca.ZonePattern) == "packed"

@@ -32,7 +32,7 @@ def _zones(seed=3):
 def _qkv(seed, heads=4, groups=2):
     ks = jax.random.split(jax.random.PRNGKey(seed), 3)
     shapes = [(B, N, heads, D), (B, N, groups, D), (B, N, groups, D)]
-    return [jax.random.normal(kk, s) for kk, s in zip(ks, shapes)]
+    return [jax.random.normal(kk, s) for kk, s in zip(ks, shapes, strict=True)]
 
 
 def _plant(xs, which, b, pos, value):
@@ -62,15 +62,15 @@ def test_packed_executor_isolates_nonfinite_values():
         return jax.grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
 
     everyone = jnp.ones((B, N), bool)
-    g_clean, (o_clean, l_clean) = run(*qkv, everyone)
+    g_clean, (o_clean, lse_clean) = run(*qkv, everyone)
     pad = _padding()
     # Padding (every tensor at once): nothing changes, padded positions get exactly zero gradient.
     for value in BAD:
         planted = [jnp.where(jnp.asarray(pad)[..., None, None], value, x) for x in qkv]
-        g, (o, l) = run(*planted, everyone)
+        g, (o, lse) = run(*planted, everyone)
         np.testing.assert_array_equal(o, o_clean)
-        np.testing.assert_array_equal(l, l_clean)
-        for a, c in zip(g, g_clean):
+        np.testing.assert_array_equal(lse, lse_clean)
+        for a, c in zip(g, g_clean, strict=True):
             np.testing.assert_array_equal(a, c)
             assert np.all(np.asarray(a)[pad] == 0)
     # One valid position j: only the rows that read it change (to NaN); a loss over the others is unaffected.
@@ -89,7 +89,7 @@ def test_packed_executor_isolates_nonfinite_values():
             o = np.asarray(o)
             np.testing.assert_array_equal(o[~readers], np.asarray(o_ref)[~readers])
             assert np.all(np.isnan(o[readers]))
-            for a, c in zip(g, g_ref):
+            for a, c in zip(g, g_ref, strict=True):
                 assert np.all(np.isfinite(a))
                 np.testing.assert_array_equal(a, c)
             assert np.all(np.asarray(g[which])[b, j] == 0)
@@ -115,14 +115,14 @@ def test_core_padding_is_invisible_and_valid_nonfinite_reaches_only_readers(impl
     fwd = jax.jit(core)
     pad = _padding()
     o_clean = np.asarray(fwd(*qkv))
-    l_clean, g_clean = run(*qkv)
+    loss_clean, g_clean = run(*qkv)
     assert np.all(o_clean[pad] == 0)
     for value in BAD:
         planted = [jnp.where(jnp.asarray(pad)[..., None, None], value, x) for x in qkv]
         np.testing.assert_array_equal(fwd(*planted), o_clean)
-        l, g = run(*planted)
-        np.testing.assert_array_equal(l, l_clean)
-        for a, c in zip(g, g_clean):
+        loss_value, g = run(*planted)
+        np.testing.assert_array_equal(loss_value, loss_clean)
+        for a, c in zip(g, g_clean, strict=True):
             np.testing.assert_array_equal(a, c)
             assert np.all(np.asarray(a)[pad] == 0)
     # A valid position: the rows whose output depends on it (found by a finite perturbation) become NaN, the

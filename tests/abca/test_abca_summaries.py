@@ -69,7 +69,10 @@ def test_implementations_match_reference(case, impl):
     ct = jax.random.normal(jax.random.PRNGKey(7), args[0].shape)
     ref, fast = _core(zones, implementation="reference", **kw), _core(zones, implementation=impl, **kw)
     np.testing.assert_allclose(jax.jit(fast)(*args, *w), jax.jit(ref)(*args, *w), atol=1e-5, rtol=1e-5)
-    loss = lambda f: lambda *a: jnp.sum(f(*a) * ct)
+
+    def loss(f):
+        return lambda *a: jnp.sum(f(*a) * ct)
+
     g_ref = jax.jit(jax.grad(loss(ref), tuple(range(7))))(*args, *w)
     g_fast = jax.jit(jax.grad(loss(fast), tuple(range(7))))(*args, *w)
     for a, b in zip(g_fast, g_ref, strict=True):

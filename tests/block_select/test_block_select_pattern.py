@@ -162,7 +162,7 @@ def test_executor_matches_reference(impl, heads):
     (_, want), want_g = _run("reference", heads)(q, k, v, ct)
     (_, got), got_g = _run(impl, heads)(q, k, v, ct)
     np.testing.assert_allclose(got, want, atol=TOL["out"], rtol=TOL["out"])
-    for a, c in zip(got_g, want_g):
+    for a, c in zip(got_g, want_g, strict=True):
         np.testing.assert_allclose(a, c, atol=TOL["grad"], rtol=TOL["grad"])
     # Padded rows output exactly 0; padded keys get exactly zero gradient; NaN there changes no valid row.
     assert not np.asarray(got[1, VL:]).any()
@@ -171,7 +171,7 @@ def test_executor_matches_reference(impl, heads):
     (_, dirty), dirty_g = _run(impl, heads)(*_poisoned(q, k, v), ct)
     np.testing.assert_array_equal(dirty[:, :VL], got[:, :VL])
     np.testing.assert_array_equal(dirty[0], got[0])
-    for a, c in zip(dirty_g, got_g):
+    for a, c in zip(dirty_g, got_g, strict=True):
         np.testing.assert_array_equal(a[:, :VL], c[:, :VL])
 
 

@@ -55,7 +55,8 @@ def test_compressed_branch_equals_the_entry_point_on_the_packed_stream():
     o_ours, o_ref = compressed_attention(q, kc, vc, count)[0], sa.attention(q, pad(kc), pad(vc), rule,
                                                                            implementation="reference")  # fmt: skip
     np.testing.assert_allclose(o_ours, o_ref, atol=1e-5)
-    for g_ours, g_ref in zip(jax.grad(ours, (0, 1, 2))(q, kc, vc), jax.grad(reference, (0, 1, 2))(q, kc, vc)):
+    grads_ours, grads_ref = jax.grad(ours, (0, 1, 2))(q, kc, vc), jax.grad(reference, (0, 1, 2))(q, kc, vc)
+    for g_ours, g_ref in zip(grads_ours, grads_ref, strict=True):
         np.testing.assert_allclose(g_ours, g_ref[:, : g_ours.shape[1]], atol=5e-5)
     assert not np.any(np.asarray(o_ours)[count == 0])  # rows with no compressed token: 0
 
@@ -65,7 +66,7 @@ def paper_mask(p, cfg, valid_len):
     overlap(c, j) p_cmp[c]; own block (up to the query), the first sink_blocks, the recent_blocks before the own
     one, then earlier blocks by descending p_slc (ties to the lower block) up to top_n; valid keys only."""
     p = np.asarray(p, np.float64)
-    l, d, bs = cfg.compress_block, cfg.compress_stride, cfg.select_block
+    blk, d, bs = cfg.compress_block, cfg.compress_stride, cfg.select_block
     out = np.zeros((B, H, N, N), bool)
     for b in range(B):
         vl = valid_len[b]
@@ -76,10 +77,10 @@ def paper_mask(p, cfg, valid_len):
                 own = i // bs
                 score = np.zeros(nkb)
                 for c in range(p.shape[-1]):
-                    keys = set(range(c * d, c * d + l))
+                    keys = set(range(c * d, c * d + blk))
                     mass = sum(p[b, hh, i, c] for hh in heads)
                     for j in range(nkb):
-                        score[j] += mass * len(keys & set(range(j * bs, j * bs + bs))) / l
+                        score[j] += mass * len(keys & set(range(j * bs, j * bs + bs))) / blk
                 forced = {own} | {j for j in range(own) if j < cfg.sink_blocks or own - j <= cfg.recent_blocks}
                 rest = sorted((j for j in range(own) if j not in forced), key=lambda j: (-score[j], j))
                 keep = forced | set(rest[: max(cfg.top_n - len(forced), 0)])

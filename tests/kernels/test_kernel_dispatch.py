@@ -36,7 +36,7 @@ def test_explicit_pallas_on_cpu_runs_interpreted_triton_kernels():
 
     (got, got_g), (want, want_g) = value_and_grads("pallas"), value_and_grads("reference")
     np.testing.assert_allclose(float(got), float(want), rtol=5e-5)
-    for g, w in zip(got_g, want_g):
+    for g, w in zip(got_g, want_g, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=5e-5)
 

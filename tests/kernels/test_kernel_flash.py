@@ -58,7 +58,7 @@ def _check(kind, config, dtype, n=256):
     # The oracle sees the same (rounded) inputs in float32.
     want = _run(*(x.astype(jnp.float32) for x in (q, k, v, ct)), ct_lse, pattern, "reference")
     tol = TOL[dtype]
-    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+    for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want, strict=True):
         assert g.dtype == (jnp.float32 if name == "lse" else dtype), name
         g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w)
         assert not np.isnan(g).any(), f"{name} has NaN"
@@ -120,5 +120,5 @@ def test_xla_reference_backward_matches_kernels():
     inputs = _inputs(256, jnp.float32)
     got = _run(*inputs, pattern, config)
     want = _run(*inputs, pattern, TRITON)
-    for g, w in zip(got[2:], want[2:]):
+    for g, w in zip(got[2:], want[2:], strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=TOL[jnp.float32], rtol=TOL[jnp.float32])

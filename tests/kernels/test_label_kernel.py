@@ -59,7 +59,7 @@ def test_bucketed_pallas_matches_the_reference(label_heads, landmarks, causal, t
     np.testing.assert_allclose(out, out_r, **TOL)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_r))
     np.testing.assert_allclose(np.where(np.isinf(lse_r), 0, lse), np.where(np.isinf(lse_r), 0, lse_r), **TOL)
-    for got, want in zip(grads, grads_r):
+    for got, want in zip(grads, grads_r, strict=True):
         np.testing.assert_allclose(got, want, **TOL)
     # Padding (batch 1 from 37 on): rows output exactly 0, lse -inf; keys there get exactly zero gradient.
     assert np.all(np.asarray(out)[1, 37:] == 0) and np.all(np.isneginf(np.asarray(lse)[1, 37:]))
@@ -75,7 +75,7 @@ def test_prepared_metadata_and_nonfinite_inputs_follow_bucketed():
     prepared = sparse_attn.prepare(pattern, implementation="bucketed_pallas", head_dim=q.shape[-1], config=TRITON)
     (_, (out, lse, _)), grads = _run(q, k, v, ct, pattern, "bucketed_pallas", TRITON)
     (_, (out_p, lse_p, _)), grads_p = _run(q, k, v, ct, prepared, "bucketed_pallas", TRITON)
-    for a, c in zip((out, lse) + tuple(grads), (out_p, lse_p) + tuple(grads_p)):
+    for a, c in zip((out, lse) + tuple(grads), (out_p, lse_p) + tuple(grads_p), strict=True):
         np.testing.assert_array_equal(a, c)
     k_bad = k.at[0, 20, 1].set(jnp.nan)
     got = sparse_attn.attention(q, k_bad, v, pattern, implementation="bucketed_pallas", config=TRITON)

@@ -41,8 +41,8 @@ def weights(q_NxD, k_NxD, mask_NxN, bias_NxN=None, scale=None):
     m = np.max(s, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.where(mask_NxN, np.exp(s - m), 0.0)
-    l = e.sum(-1, keepdims=True)
-    return np.where(l > 0, e / np.where(l > 0, l, 1.0), 0.0)
+    row_sum = e.sum(-1, keepdims=True)
+    return np.where(row_sum > 0, e / np.where(row_sum > 0, row_sum, 1.0), 0.0)
 
 
 def attention(q_NxD, k_NxD, v_NxD, mask_NxN, bias_NxN=None, scale=None):

@@ -66,7 +66,7 @@ def test_overflowing_routers_match_the_reference(router, label_heads, causal, d,
     np.testing.assert_array_equal(
         np.asarray(info["keys"]), np.broadcast_to(np.asarray(pattern.to_dense()).sum(-1), info["keys"].shape)
     )
-    for a, r in zip(g_ours, g_ref):
+    for a, r in zip(g_ours, g_ref, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), **TOL)
 
 
@@ -82,7 +82,10 @@ def test_tiers_reach_the_window_and_the_narrowest_sufficient_one_runs():
     collapsed = jnp.zeros((1, 1, n, 1), jnp.int32)  # entry u needs [u-10, u+10]
     _, _, info = run(q, kk, v, collapsed, num_labels=4, base=base, block=8, reach=4)
     # A block [s, s+8) reads [s-4, s+12): entry u's range [max(u-10, 0), min(u+10, 63)] must lie inside it.
-    fits = lambda u, s: max(u - 10, 0) >= s - 4 and min(u + 10, n - 1) <= s + 11
+
+    def fits(u, s):
+        return max(u - 10, 0) >= s - 4 and min(u + 10, n - 1) <= s + 11
+
     want = sum(1 for u in range(n) if not fits(u, (u // 8) * 8))
     assert int(info["overflow"]) == want > 0 and int(info["reach"]) == 10
     _, _, info = run(q, kk, v, collapsed, num_labels=4, base=base, block=8, reach=16)

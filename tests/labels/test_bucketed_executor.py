@@ -61,7 +61,7 @@ def test_outputs_and_gradients_match_the_reference(label_heads, causal, d, k, bl
     np.testing.assert_array_equal(
         np.asarray(info["keys"]), np.broadcast_to(np.asarray(pattern.to_dense()).sum(-1), info["keys"].shape)
     )
-    for a, r in zip(g_ours, g_ref):
+    for a, r in zip(g_ours, g_ref, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), **TOL)
 
 
@@ -73,7 +73,9 @@ def test_masked_keys_and_padding_get_exactly_zero_gradient():
     vl = jnp.asarray([33])
     mask = np.asarray(LabelPattern(B.pack_labels(labels, d), vl, base).to_dense())[0, 0]
     u = 20
-    fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)[0]
+
+    def fn(q, kk, v):
+        return bucketed_attention(q, kk, v, labels, num_labels=d, base=base, valid_len=vl, block=16)[0]
 
     @jax.jit
     def outputs_and_grads(q, kk, v):
@@ -96,7 +98,9 @@ def test_every_token_disconnected_gives_its_own_value_and_no_nan():
 
         @jax.jit
         def run(q, kk, v, base=base):
-            fn = lambda q, kk, v: bucketed_attention(q, kk, v, labels, num_labels=32, base=base, block=16)
+            def fn(q, kk, v):
+                return bucketed_attention(q, kk, v, labels, num_labels=32, base=base, block=16)
+
             return fn(q, kk, v), jax.grad(lambda *a: jnp.sum(fn(*a)[0]), argnums=(0, 1, 2))(q, kk, v)
 
         (out, _, info), grads = run(q, kk, v)

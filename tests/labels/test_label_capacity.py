@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from label_oracles import outputs_and_grads
-
 from sparse_attn.executors.labels.bucketed import bucketed_attention, default_reach, fallback_reaches
 from sparse_attn.executors.reference import reference_attention
 from sparse_attn.modules.base import AttentionContext

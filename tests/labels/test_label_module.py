@@ -2,6 +2,7 @@
 transition, the schedule scaled to the run, losses, stats."""
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +80,10 @@ def test_phases_router_gradients_and_causality(causal):
     np.testing.assert_allclose(ys["straight_through"], ys["hard"], atol=2e-5, rtol=2e-5)
     assert np.max(np.abs(ys["soft"] - ys["hard"])) > 1e-3
     # The ramp ends next to the straight-through forward (α = 10/11 at its last step: dropped edges weigh q / 11).
-    gap = lambda a, b: np.max(np.abs(ys[a] - ys[b]))
+
+    def gap(a, b):
+        return np.max(np.abs(ys[a] - ys[b]))
+
     assert gap("ramp_end", "straight_through") < 0.5 * gap("ramp", "straight_through")
 
 
@@ -108,14 +112,16 @@ def test_ramp_moves_the_forward_to_the_hard_pattern_before_the_switch():
     soft value). Single forwards vary more step to step under thinning (fresh draws; up to 0.85 of the whole here,
     N = 32); with no ramp the whole change comes at the switch."""
     x = _x(3)
-    ctx = lambda s: AttentionContext(valid_len=jnp.asarray([N]), step=jnp.int32(s), causal=True)
+
+    def ctx(s):
+        return AttentionContext(valid_len=jnp.asarray([N]), step=jnp.int32(s), causal=True)
 
     def trace(cfg):  # steps 8..21: soft 8-9, ramp 10-19, straight-through from 20
         module = cfg.make(DM, HEADS, rngs=nnx.Rngs(0))
         run = nnx.jit(lambda m, x, s: (lambda o: (o.y, o.stats["dropped_mass"]))(m(x, ctx(s))))
-        ys, dropped = zip(*[run(module, x, s) for s in range(8, 22)])
+        ys, dropped = zip(*[run(module, x, s) for s in range(8, 22)], strict=True)
         ys = [np.asarray(y) for y in ys]
-        steps = np.asarray([np.max(np.abs(b - a)) for a, b in zip(ys, ys[1:])]) / np.max(np.abs(ys[-1] - ys[0]))
+        steps = np.asarray([np.max(np.abs(b - a)) for a, b in itertools.pairwise(ys)]) / np.max(np.abs(ys[-1] - ys[0]))
         return steps, np.asarray(dropped, np.float64)
 
     switch = 20 - 8 - 1  # index of the change from the ramp's last step to the first straight-through one

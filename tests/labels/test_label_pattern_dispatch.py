@@ -42,7 +42,7 @@ def test_every_executor_matches_the_reference(impl, label_heads, landmarks, caus
     np.testing.assert_allclose(o1, o2, **TOL)
     np.testing.assert_array_equal(np.isneginf(l1), np.isneginf(l2))
     np.testing.assert_allclose(np.where(np.isinf(l2), 0, l1), np.where(np.isinf(l2), 0, l2), **TOL)
-    for a, c in zip(g1, g2):
+    for a, c in zip(g1, g2, strict=True):
         np.testing.assert_allclose(a, c, **TOL)
 
 

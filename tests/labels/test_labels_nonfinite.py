@@ -50,14 +50,14 @@ def _check(fn, qkv, allowed_BxNxN, ct):
         return jax.grad(loss, (0, 1, 2), has_aux=True)(q, k, v)
 
     everyone = jnp.ones((B, N), bool)
-    g_clean, (o_clean, l_clean) = run(*qkv, everyone)
+    g_clean, (o_clean, lse_clean) = run(*qkv, everyone)
     pad = _padding()
     for value in BAD:
         planted = [jnp.where(jnp.asarray(pad)[..., None, None], value, x) for x in qkv]
-        g, (o, l) = run(*planted, everyone)
+        g, (o, lse) = run(*planted, everyone)
         np.testing.assert_array_equal(o, o_clean)
-        np.testing.assert_array_equal(l, l_clean)
-        for a, c in zip(g, g_clean):
+        np.testing.assert_array_equal(lse, lse_clean)
+        for a, c in zip(g, g_clean, strict=True):
             np.testing.assert_array_equal(a, c)
             assert np.all(np.asarray(a)[pad] == 0)
     b, j = 0, 17
@@ -74,7 +74,7 @@ def _check(fn, qkv, allowed_BxNxN, ct):
             o = np.asarray(o)
             np.testing.assert_array_equal(o[~readers], np.asarray(o_ref)[~readers])
             assert np.all(np.isnan(o[readers]))
-            for a, c in zip(g, g_ref):
+            for a, c in zip(g, g_ref, strict=True):
                 assert np.all(np.isfinite(a))
                 np.testing.assert_array_equal(a, c)
             assert np.all(np.asarray(g[which])[b, j] == 0)

@@ -83,7 +83,7 @@ def test_gradients_match_the_reference_and_masked_keys_get_none():
         return jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, k, v)
 
     fast, ref = grads(None), grads("reference")
-    for a, b in zip(fast, ref):
+    for a, b in zip(fast, ref, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)
     # Padding keys are allowed to no query: exactly zero gradient there.
     assert (np.asarray(fast[1])[0, valid:] == 0).all() and (np.asarray(fast[2])[0, valid:] == 0).all()

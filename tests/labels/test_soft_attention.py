@@ -1,6 +1,7 @@
 """Soft and straight-through phases against dense float64 oracles; τ -> 0; self-loops."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,7 @@ def test_thinning_draws_each_dropped_edge_with_probability_one_minus_alpha_afres
     draws = [np.asarray(thinning.present(thinning.seeds(step, 2)[j], u, v, 0.3)) for step in (0, 1) for j in (0, 1)]
     for d in draws:  # 90 000 draws each: the standard error of the frequency is 0.0015
         assert abs(d.mean() - 0.7) < 0.01
-    for a, b in zip(draws, draws[1:]):  # other step or other row: independent, agreement 0.7² + 0.3² = 0.58
+    for a, b in itertools.pairwise(draws):  # other step or other row: independent, agreement 0.7² + 0.3² = 0.58
         assert abs(np.mean(a == b) - 0.58) < 0.01
     assert np.all(np.asarray(thinning.present(5, u, v, 0.0))) and not np.any(np.asarray(thinning.present(5, u, v, 1.0)))
 

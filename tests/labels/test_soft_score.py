@@ -92,10 +92,13 @@ def test_pairwise_log_q_matches_the_broadcast_form_with_its_own_backward():
     p_u[0, 0], p_v[0, 0] = 1.0, 1.0  # products that hit the clip: no gradient through them
     p_u, p_v = jnp.asarray(p_u), jnp.asarray(p_v)
     g = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)
-    broadcast = lambda a, b: soft.log_q(a[:, :, None, :], b[:, None, :, :])
+
+    def broadcast(a, b):
+        return soft.log_q(a[:, :, None, :], b[:, None, :, :])
+
     np.testing.assert_allclose(np.asarray(soft.log_q_pairs(p_u, p_v)), np.asarray(broadcast(p_u, p_v)), rtol=1e-6)
     want = jax.grad(lambda a, b: jnp.sum(g * broadcast(a, b)), argnums=(0, 1))(p_u, p_v)
     got = jax.grad(lambda a, b: jnp.sum(g * soft.log_q_pairs(a, b)), argnums=(0, 1))(p_u, p_v)
-    for w, o in zip(want, got):
+    for w, o in zip(want, got, strict=True):
         assert np.all(np.isfinite(np.asarray(o)))
         np.testing.assert_allclose(np.asarray(o), np.asarray(w), rtol=1e-5, atol=1e-5)

@@ -115,7 +115,10 @@ def _heads(x_BxNxGxRx):
 def _role_scores(q, k, roles, scale):
     """[B, N, H] per role: q of the reading anchor against the key of its KV group."""
     g = k.shape[2]
-    score = lambda r: jnp.einsum("bngrd,bngd->bngr", _grouped(_take(q, r), g), k, preferred_element_type=jnp.float32)
+
+    def score(r):
+        return jnp.einsum("bngrd,bngd->bngr", _grouped(_take(q, r), g), k, preferred_element_type=jnp.float32)
+
     return [_heads(score(r)) * scale for r in roles]
 
 
@@ -134,15 +137,18 @@ def _gather_forward(q, k, v, roles_RxBxN, scale):
     roles = list(roles_RxBxN)
     b, n, h, d = q.shape
     bi = jnp.arange(b)[:, None]
-    drop = lambda r: jnp.where(r >= 0, r, n)  # scatter index n is dropped
+
+    def drop(r):  # scatter index n is dropped
+        return jnp.where(r >= 0, r, n)
+
     scores = _role_scores(q, k, roles, scale)
     m = jnp.full((b, n, h), -jnp.inf, jnp.float32)
-    for r, s in zip(roles, scores):
+    for r, s in zip(roles, scores, strict=True):
         m = m.at[bi, drop(r)].max(s, mode="drop")
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     total = jnp.zeros((b, n, h), jnp.float32)
     acc = jnp.zeros((b, n, h, d), jnp.float32)
-    for r, s in zip(roles, scores):
+    for r, s in zip(roles, scores, strict=True):
         ok = (r >= 0)[..., None]
         e = jnp.where(ok, jnp.exp(jnp.where(ok, s - _take(m, r), 0.0)), 0.0)
         total = total.at[bi, drop(r)].add(e, mode="drop")
@@ -180,7 +186,7 @@ def _anchor_gather_bwd(scale, res, cts):
     dq = jnp.zeros(q.shape, jnp.float32)
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
-    for r, s in zip(list(roles), _role_scores(q, k, list(roles), scale)):
+    for r, s in zip(list(roles), _role_scores(q, k, list(roles), scale), strict=True):
         ok = (r >= 0)[..., None] & ~kv_bad & ~_take(q_bad, r)
         p = jnp.where(ok, jnp.exp(jnp.minimum(s - _take(lse, r), 0.0)), 0.0)  # [B, N, H]: weight of key p for r(p)
         do_r = _take(dout, r)
@@ -250,7 +256,10 @@ def _shift(x_BxMx, by: int):
 def _chain_attend(s, q, k, v, live_BxM, scale: float, causal: bool):
     """Each live rank attends ranks (i - 1, i, i + 1) [causal: (i - 1, i)] by shifted rows: O(M), no M x M."""
     offsets = (-1, 0) if causal else (-1, 0, 1)
-    score = lambda o: jnp.einsum("bmhd,bmhd->bmh", q, _shift(k, o), preferred_element_type=jnp.float32)
+
+    def score(o):
+        return jnp.einsum("bmhd,bmhd->bmh", q, _shift(k, o), preferred_element_type=jnp.float32)
+
     sc = jnp.stack([score(o) for o in offsets], -1) * scale  # [B, M, H, S]
     ok = jnp.stack([live_BxM & _shift(live_BxM, o) for o in offsets], -1)  # [B, M, S]
     p, _ = masked_softmax(sc, ok[:, :, None, :])
@@ -278,8 +287,13 @@ def _pages(fn, xs, num_pages: int, active):
     if num_pages == 1:  # no loop, no skip: inactive ranks compute zeros anyway (compile time, docs/abca.md)
         return jax.tree.map(lambda x: x[None], fn(jax.tree.map(lambda x: x[0], xs)))
     shapes = jax.eval_shape(fn, jax.tree.map(lambda x: x[0], xs))
-    skip = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    body = lambda a: jax.lax.cond(a[0] < active, fn, skip, a[1])
+
+    def skip(_):
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(a):
+        return jax.lax.cond(a[0] < active, fn, skip, a[1])
+
     return jax.lax.map(jax.checkpoint(body), (jnp.arange(num_pages), xs))
 
 
@@ -341,11 +355,13 @@ def paged_handshake(
     s_c = None
     for step in range(steps):
         last = step == steps - 1
-        fn = lambda x, last=last: chain_page(x, last)
+        fn = functools.partial(chain_page, last=last)
         out = _pages(fn, (s_w if s_c is None else windows(s_c), anc_w, live_w), num_pages, active)
         new = rank_space(out[0] if last else out)
         if head:
-            top = lambda x: x[:, :head]
+            def top(x):
+                return x[:, :head]
+
             hs, ha = top(s_c) if s_c is not None else s_BxNxHxD[bi, top(anc)], top(anc)
             dense = _global_attend(
                 hs, proj.query(hs, ha), proj.key(hs, ha), proj.value(hs, ha), top(live), scale, causal

@@ -3,7 +3,7 @@
 Why packing (measured, see docs/abca.md): a block list sized for the worst-case span (`block + 2 max_zone` keys per
 query block) computes ~3x the pairs a zone needs. Here each slot starts at an anchor and holds whole consecutive
 zones, at most `width` queries, and reads the `width + 1` contiguous keys from its start (the last zone's right
-anchor included): the seed's O(k m^2), with several short zones sharing a slot.
+anchor included): the research document's O(k m^2), with several short zones sharing a slot.
 
 Static shapes, data-dependent work: the slot count is the worst case (two consecutive slots always cover more than
 `width` tokens, so at most 2 ceil(N / (width + 1)) slots), but slots run in a `lax.scan` whose steps past the last
@@ -156,7 +156,10 @@ def _metadata(start, slot_of, lo, hi, w: int, chunk: int, n: int):
     """Pads the slot starts to whole chunks (with N: empty slots) and the per-token rows to the padded length."""
     num = start.shape[1]
     start = jnp.pad(start, ((0, 0), (0, -num % chunk)), constant_values=n)
-    row = lambda x, fill: jnp.pad(x[:, None], ((0, 0), (0, 0), (0, w + 1)), constant_values=fill)
+
+    def row(x, fill):
+        return jnp.pad(x[:, None], ((0, 0), (0, 0), (0, w + 1)), constant_values=fill)
+
     return start, row(slot_of, -1), row(lo, 0), row(hi, -1)
 
 
@@ -233,9 +236,13 @@ def _packed_bwd(w, scale, chunk, res, cts):
         dv = jnp.einsum("bgrqk,bgrqd->bgkd", pr, dos)
         return _add_window(acc[0], st, dq), _add_window(acc[1], st, dk), _add_window(acc[2], st, dv)
 
-    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+    def zeros(x):
+        return jnp.zeros(x.shape, jnp.float32)
+
+    def cast(x, like):
+        return _tokens_first(x, n).astype(like.dtype)
+
     dq, dk, dv = _slot_loop(meta[0], used, chunk, n, body, (zeros(qh), zeros(kh), zeros(vh)))
-    cast = lambda x, like: _tokens_first(x, n).astype(like.dtype)
     return cast(dq, qh), cast(dk, kh), cast(dv, vh), None, None, None, None, None
 
 

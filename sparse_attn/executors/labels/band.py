@@ -134,13 +134,13 @@ def _band_fwd(q_xBxGxRxD, k_pad, v_pad, mask, block, left, width, scale, group, 
         m = jnp.max(s, axis=-1)
         m = jnp.where(jnp.isfinite(m), m, 0.0)
         e = jnp.exp(s - m[..., None])  # masked logits are -inf: weight exactly 0
-        l = jnp.sum(e, axis=-1)
+        denom = jnp.sum(e, axis=-1)
         v = band_rows(_local_rows(v_pad, i, group, block, width, shift), group, block, 0, width)
         v = v.astype(jnp.float32)
         o = jnp.einsum("xgrbc,xcgd->xgrbd", e, v)
-        alive = l > 0
-        o = jnp.transpose(o / jnp.where(alive, l, 1.0)[..., None], (0, 3, 1, 2, 4))
-        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)
+        alive = denom > 0
+        o = jnp.transpose(o / jnp.where(alive, denom, 1.0)[..., None], (0, 3, 1, 2, 4))
+        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, denom, 1.0)), -jnp.inf)
         return None, (o, lse, jnp.sum(ok, axis=-1, dtype=jnp.int32))
 
     xs = (_groups(q_xBxGxRxD, group), mask_xs, jnp.arange(ng, dtype=jnp.int32))

@@ -19,7 +19,10 @@ def split_heads(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, kv_bad_BxNxG, label_heads: int)
         q6 = q_BxNxHxD.reshape(b, 1, n, g, r, dh)
         return q6, k_BxNxGxD[:, None], v_BxNxGxD[:, None], kv_bad_BxNxG[:, None]
     grp = jnp.arange(h) // r
-    per_head = lambda x: jnp.moveaxis(x[:, :, grp], 2, 1)  # [B, N, G, ...] -> [B, H, N, ...] (each head's group)
+
+    def per_head(x):  # [B, N, G, ...] -> [B, H, N, ...] (each head's group)
+        return jnp.moveaxis(x[:, :, grp], 2, 1)
+
     q6 = jnp.transpose(q_BxNxHxD, (0, 2, 1, 3)).reshape(b, h, n, 1, 1, dh)
     return q6, per_head(k_BxNxGxD)[:, :, :, None], per_head(v_BxNxGxD)[:, :, :, None], per_head(kv_bad_BxNxG)[..., None]
 

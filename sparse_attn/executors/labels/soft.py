@@ -60,7 +60,10 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
     selfp = kpos == qpos
 
     pad = nb * block - n
-    padq = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])
+
+    def padq(x):
+        return jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape((nb, block) + x.shape[1:])
+
     bias = soft.log_q_pairs(padq(p_NxL), keys(p_NxL), eps)  # [nb, B, C+L]
     q_xBxGxRxD = padq(q_NxGxRxD)
     s = jnp.einsum("xbgrd,xcgd->xgrbc", q_xBxGxRxD, keys(k_NxGxD), preferred_element_type=jnp.float32) * scale
@@ -84,10 +87,10 @@ def _one(q_NxGxRxD, k_NxGxD, v_NxGxD, kv_bad_NxG, p_NxL, bits_NxW, vl, seed, alp
             edge[:, None, None], jnp.exp(jnp.minimum(jnp.where(edge[:, None, None], s, 0.0) - m, _EXP_CAP)), 0.0
         )
         num = a_st[:, None, None] * ex
-        l = jnp.sum(num, axis=-1, keepdims=True)
+        denom = jnp.sum(num, axis=-1, keepdims=True)
         alive = jax.lax.stop_gradient(jnp.any(ok, axis=-1, keepdims=True))
-        p = num / jnp.where(alive, l, 1.0)
-        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, l, 1.0)), -jnp.inf)[..., 0]
+        p = num / jnp.where(alive, denom, 1.0)
+        lse = jnp.where(alive, m + jnp.log(jnp.where(alive, denom, 1.0)), -jnp.inf)[..., 0]
         return p, lse, edge, hard
 
     if mode == "either":  # the scores above are shared; only the weights' branch differs (one copy to compile)
@@ -149,7 +152,6 @@ def soft_label_attention(
     if (mode == "either") != (straight_through is not None):
         raise ValueError("straight_through (a bool scalar) is given exactly when mode is 'either'")
     b, n, h, dh = q_BxNxHxD.shape
-    g = k_BxNxGxD.shape[2]
     pp = p_BxPxNxL.shape[1]
     if (
         p_BxPxNxL.ndim != 4

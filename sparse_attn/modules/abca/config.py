@@ -167,9 +167,9 @@ class AnchorAttentionConfig:
       slot_width: queries per slot of the packed executor (default max_zone).
       num_kv_heads: KV heads (grouped-query attention; default num_heads). Anchor states stay per query head; an
         anchor's zone key/value for a group re-projects its heads' states.
-      summaries_per_anchor: P, pooled writes (issue 37, docs/abca.md "Pooled writes"): 1 = the seed's one state per
-        anchor; P > 1 adds P - 1 summaries, each gathering with its own query map and read by zone queries as one
-        more key per anchor. The incremental decoder and the diagnostics run every P.
+      summaries_per_anchor: P, pooled writes (docs/abca.md, "Pooled writes"): 1 = one state per anchor (the
+        research document's); P > 1 adds P - 1 summaries, each gathering with its own query map and read by zone
+        queries as one more key per anchor. The incremental decoder and the diagnostics run every P.
     """
 
     mechanism: ClassVar[str] = "abca"

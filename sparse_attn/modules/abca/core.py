@@ -9,7 +9,7 @@
 With P = `summaries_per_anchor` > 1 (pooled writes, docs/abca.md) every anchor also writes P - 1 more summaries:
 summary p gathers with its own query (the anchor's q through `summary_wq[p - 1]`), shakes hands with summary p
 of the other anchors, and stage 3's rows read it as one more key/value of each anchor they hold (merged with the
-stage's own softmax through its log-sum-exp). Summary 0 is the seed's anchor state, and the anchors' output.
+stage's own softmax through its log-sum-exp). Summary 0 is the anchor's own state, and the anchors' output.
 
 Stages 1 and 3 are `ZonePattern`s run by `sparse_attn.attention` with the chosen implementation, the one executor
 choice of the core: None (the registry's default for the ZonePattern, "packed"), "packed" (key-major anchor gather,
@@ -109,7 +109,7 @@ def abca_core(
       implementation: None, "packed", "xla", "pallas" or "reference" (module docstring).
       slot_width: queries per slot of the packed executor (default max_zone).
       summary_wq: [P - 1, H, D, D], the extra anchor summaries' gather-query maps (module docstring); None = one
-        summary per anchor, the seed's layer.
+        summary per anchor, the research document's layer.
 
     Returns:
       (out [B, N, H, D], info): info holds `handshake_overflow` int32[B] and, for "packed", `slots_used` int32[B].
@@ -204,7 +204,10 @@ def read_summaries(o_BxNxHxD, lse_BxNxH, q_BxNxHxD, zones: Zones, summaries, *, 
     outs, lses = [o_BxNxHxD.astype(jnp.float32)[:, :, :, None]], [lse_BxNxH[..., None]]
     for k_BxNxGxD, v_BxNxGxD in summaries:
         rep = h // k_BxNxGxD.shape[2]  # KV group of each query head
-        at = lambda x: jnp.repeat(jax.vmap(lambda x_, i: x_[i])(x, pos), rep, axis=3)  # [B, N, 2, H, D]  # noqa: E731
+
+        def at(x, rep=rep):  # [B, N, 2, H, D]
+            return jnp.repeat(jax.vmap(lambda x_, i: x_[i])(x, pos), rep, axis=3)
+
         k_BxNx2xHxD, v_BxNx2xHxD = at(k_BxNxGxD.astype(jnp.float32)), at(v_BxNxGxD.astype(jnp.float32))
         logits = jnp.einsum("bnhd,bnjhd->bnhj", q_BxNxHxD.astype(jnp.float32), k_BxNx2xHxD,
                             precision=jax.lax.Precision.HIGHEST) * scale  # fmt: skip

@@ -19,7 +19,10 @@ def _handshake_pairs(k_B, causal: bool, handshake: str, max_anchors: int | None)
     M = max_anchors anchors see each other [causal: the earlier ones]; anchors past M keep the chain.
     """
     k = k_B.astype(jnp.float32)
-    chain = lambda ranks, with_prev: ranks + with_prev + (0.0 if causal else jnp.maximum(ranks - 1.0, 0.0))
+
+    def chain(ranks, with_prev):
+        return ranks + with_prev + (0.0 if causal else jnp.maximum(ranks - 1.0, 0.0))
+
     if handshake == "chain":
         return chain(k, jnp.maximum(k - 1.0, 0.0))
     head = jnp.minimum(k, float(max_anchors))

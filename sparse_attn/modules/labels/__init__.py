@@ -1,4 +1,4 @@
-"""Label-intersection attention (seed 001, docs/labels.md): config, NNX layer, core, statistics, routing head."""
+"""Label-intersection attention (docs/labels.md): config, NNX layer, core, statistics, routing head."""
 
 from sparse_attn.executors.labels.soft import soft_label_attention
 from sparse_attn.modules.labels.calibrate import calibrate_reach

@@ -125,7 +125,7 @@ class LabelRouterConfig:
     logit (tends to the top-k labels the hard phase uses), or "sigmoid" σ(R/τ).
     input_gradient: True = the router's gradients, from the task and from its losses, flow on into the residual
     stream it reads; False = the router reads stop_gradient(x): it still learns, but it moves no representation
-    (issue 37's diagnosis of the LM loss, docs/labels.md).
+    (docs/labels.md, "Known limits").
     freeze_when_hard: no gradient to the router in the hard phase, from its losses either (its top-k gets none
     from the task there); False: the losses keep moving it.
     Losses (already weighted in the output): sparsity_weight · mean(p), balance_weight · ("cv2": the CV² of the
@@ -241,8 +241,8 @@ class LabelAttentionConfig:
     Defaults and the measurements behind them: docs/labels.md ("Defaults").
     num_labels, top_k: each token's router picks its top_k of num_labels labels; a pair is kept when it shares one.
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
-    position_cell: 0 = the seed's pattern; an even c >= 2 adds two position labels per token (its cell in two grids
-    of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept whatever the
+    position_cell: 0 = the research document's pattern; an even c >= 2 adds two position labels per token (its cell
+    in two grids of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept whatever the
     router says (the near neighbours a byte LM needs most; docs/labels.md, "Position labels").
     phase: "schedule" follows the step through soft -> ramp -> straight-through -> hard (`schedule`); "soft" /
     "straight_through" / "hard" pin the phase.

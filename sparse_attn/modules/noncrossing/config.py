@@ -25,7 +25,8 @@ class NoncrossingAttentionConfig:
       router_dim: hidden width r of the pair MLP.
       tau: local-max threshold on scores (a pair needs s > tau).
       doubled: route in TL_{2n} with two half-points per token, so unmatched tokens can sit inside brackets.
-      rows: "self_top_bottom" (default K=3), "self_top" (K=2) or "through" (seed-literal ablation; sigmoid gate).
+      rows: "self_top_bottom" (default K=3), "self_top" (K=2) or "through" (the research document's literal rule,
+        an ablation; sigmoid gate).
       topk_fraction: adjacent_topk keeps at most ceil(fraction * n) generators per layer.
       brick_start: "even" or "odd" first brick-wall layer.
       creator_gate: add log σ(creator score) to routed arcs' logits.

@@ -30,7 +30,8 @@ def defect_pair_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: fl
 
 
 def adjacent_router(u_MxTxR, v_MxTxR, w_TxR, c_TxR, beta_T, limit, *, tau: float = 0.0, k: int = 1) -> dict:
-    """The seed-literal ablation: layer t scores positions (i, i+1) and applies the k best local-max generators.
+    """The research document's literal rule, an ablation: layer t scores positions (i, i+1) and applies the k best
+    local-max generators.
 
     After the first layer the strands that e_i joins are no longer tokens i and i+1, so this router cannot build
     nested brackets on purpose (docs/noncrossing.md, "Routers"); it exists for comparison.

@@ -11,6 +11,8 @@ tokens, so it applies to bracket tasks (Dyck) only; measured on Dyck-(8, 10) it 
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,7 +50,7 @@ def layer_targets(opens_L: np.ndarray, valid_len: int, n: int, num_layers: int):
     y_TxN, m_TxN = np.zeros((num_layers, n), np.float32), np.zeros((num_layers, n), bool)
     for t in range(num_layers):
         defects = [a for a in range(n) if p[a] >= n]  # top points still on through-strands
-        for a, b in zip(defects, defects[1:]):
+        for a, b in itertools.pairwise(defects):
             if b >= valid_len:
                 break
             nxt_TxN[t, a], m_TxN[t, a], y_TxN[t, a] = b, True, float(height.get((a, b)) == t + 1)
@@ -62,7 +64,7 @@ def bracket_targets(opens_BxN: np.ndarray, valid_len_B: np.ndarray, num_layers: 
     opens_BxN = np.asarray(opens_BxN)
     n = opens_BxN.shape[1]
     nxt, y, m = map(np.stack, zip(*(layer_targets(o, int(v), n, num_layers)
-                                    for o, v in zip(opens_BxN, np.asarray(valid_len_B)))))
+                                    for o, v in zip(opens_BxN, np.asarray(valid_len_B), strict=True)), strict=True))
     return {"nxt": jnp.asarray(nxt), "y": jnp.asarray(y), "m": jnp.asarray(m)}
 
 
