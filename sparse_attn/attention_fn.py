@@ -3,7 +3,8 @@ returns a callable with `flax.nnx.dot_product_attention`'s signature that runs t
 `sparse_attn.attention`.
 
     mha = nnx.MultiHeadAttention(num_heads=8, in_features=512, decode=False, rngs=nnx.Rngs(0),
-                                 attention_fn=sa.make_attention_fn(lambda n: patterns.sliding_window(n, 128, causal=True)))
+                                 attention_fn=sa.make_attention_fn(
+                                     lambda n: patterns.sliding_window(n, 128, causal=True)))
 
 A caller's dense `mask` / `bias` / `is_causal` that the pattern cannot carry go through `DenseBias`, a dense logit
 bias pattern (-inf where not allowed) that only the "reference" executor runs: O(N^2) per (batch, head), like the

@@ -85,7 +85,8 @@ def main(argv=None):
         "--impls",
         nargs="+",
         default=["xla", "pallas"] if accel else ["xla"],
-        help="executors to time (ABCA's cores also take 'packed'); 'pallas' on CPU runs in interpret mode (keep n <= 1024)",
+        help="executors to time (ABCA's cores also take 'packed'); 'pallas' on CPU runs in interpret mode "
+             "(keep n <= 1024)",
     )
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--radius", type=int, default=128)

@@ -48,7 +48,8 @@ def _config(name, task_name, n, attention, *, layers, dim, heads, mlp, num_train
     anchors = task_anchors(task)
     model = TransformerConfig(
         vocab_size=task.vocab_size, model_dim=dim, num_heads=heads, num_layers=layers, mlp_dim=mlp,
-        num_classes=task.num_classes, attention=tuple(attention_config(a, Context.classifier(n, anchors), causal=False) for a in names),
+        num_classes=task.num_classes,
+        attention=tuple(attention_config(a, Context.classifier(n, anchors), causal=False) for a in names),
     )
     return ClassifyConfig(name=name, task_name=task_name, task=task, mechanisms=names, model=model,
                           train=TrainConfig(seq_len=n, **train), num_validation=num_validation)
@@ -80,7 +81,8 @@ def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int
 
 
 def full(task: str = "listops", n: int = 512, attention: str = "dense", seed: int = 0) -> ClassifyConfig:
-    """The non-crossing research document's encoder: 6 layers x 256 wide (4 heads of 64, MLP 1024; ~5M params), 10k steps of 32
+    """The non-crossing research document's encoder: 6 layers x 256 wide (4 heads of 64, MLP 1024; ~5M params),
+    10k steps of 32
     sequences (LRA ListOps scale), 2000 validation examples. One GPU (H100/H200 class).
 
     `python -m experiments.classification --task listops --n 512 --mechanism dense --config full`; the study's

@@ -39,7 +39,8 @@ def _cells(tasks_n: dict[str, tuple[int, ...]], mechanisms: tuple[str, ...], see
     return [Cell(t, n, a, s) for t, ns in tasks_n.items() for n in ns for a in mechanisms for s in seeds]
 
 
-# The non-crossing research document's study: dense vs local vs non-crossing routing on the hierarchical tasks at 128/512/2048, Pathfinder 32x32 as
+# The non-crossing research document's study: dense vs local vs non-crossing routing on the hierarchical tasks at
+# 128/512/2048, Pathfinder 32x32 as
 # the offline non-hierarchical control (CIFAR-10 needs its TFDS data: add ("cifar10", (1024,)) where prepared).
 DOCUMENT_TASKS = {"listops": (128, 512, 2048), "dyck": (128, 512, 2048), "pathfinder": (1024,)}
 SEEDS = (0, 1, 2)
@@ -63,7 +64,8 @@ def cpu_cells(steps: dict[int, int] = CPU_STEPS) -> list[Cell]:
     n = 512 restricts local); ListOps seeds 1-2 of those three; the other mechanisms on Pathfinder (where
     dense learned something by step 600) and Dyck (where neither dense nor local did); ListOps seeds 1-2 of the
     other mechanisms; labels; non-crossing routing on Dyck with the router warm start (the one arm that learned
-    Dyck in docs/noncrossing.md's study); Pathfinder seeds 1-2 (the one task where dense has learned something at n = 128,
+    Dyck in docs/noncrossing.md's study); Pathfinder seeds 1-2 (the one task where dense has learned something at
+    n = 128,
     so the one where seeds can separate mechanisms); then the rest (seeds, n = 512)."""
     def cells(tasks, ns, mechanisms, seeds):
         return [Cell(t, n, a, s, steps[n]) for n in ns for s in seeds for t in tasks for a in mechanisms]

@@ -94,7 +94,8 @@ def evaluate(model, val: list[dict]) -> dict:
         nll += float(loss) * size
         count += size
         if routed:
-            for p_Hx2N, o, vl in zip(np.asarray(_layer0_route(model, arrays)), b["opens"], np.asarray(b["valid_len"]), strict=True):
+            routes = np.asarray(_layer0_route(model, arrays))
+            for p_Hx2N, o, vl in zip(routes, b["opens"], np.asarray(b["valid_len"]), strict=True):
                 pairs = bracket_matching(o[:vl])
                 caps_H = [{c for c in diagram_np.caps(p) if c[1] < vl} for p in p_Hx2N]
                 matched += sorted(caps_H[0]) == pairs

@@ -6,8 +6,8 @@
     nice -n 10 python -m experiments.lm.grid --grid cpu_core --time_limit 1800
     python -m experiments.lm.grid --report            # the table of experiments/results/lm.jsonl
 
-Presets and the budget convention: `sparse_attn/studies/budget.py` and the mechanisms' records (the dense row is the unmatched reference). Data:
-the embedded stdlib corpus (`experiments/lm/train.py`). Each finished cell appends one JSON line to `--results`
+Presets and the budget convention: `sparse_attn/studies/budget.py` and the mechanisms' records (the dense row is the
+unmatched reference). Data: the embedded stdlib corpus (`experiments/lm/train.py`). Each finished cell appends one JSON line to `--results`
 (default experiments/results/lm.jsonl) with the command and git commit: validation bits/byte (and its gap to the
 dense row of the same config, n and seed when that row exists), tokens/s, peak compiled train-step memory,
 attention FLOPs (measured keys per query x 4 head_dim per head and token), the matched parameter, the validation

@@ -23,18 +23,15 @@ from experiments.reports import plot_lm
 from experiments.reports.doc_sections import write_section
 from experiments.reports.rows import mechanism, read_rows
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import RECORDED_FIELDS
+from sparse_attn.studies.budget import RECORDED_FIELDS, budget_names
 
 LM_MARKERS = ("<!-- lm:begin (python -m experiments.reports.lm writes this section) -->", "<!-- lm:end -->")
 RETRIEVAL_MARKERS = ("<!-- retrieval:begin (python -m experiments.reports.lm writes this section) -->",
                      "<!-- retrieval:end -->")
 DETAILS_FILES = {"lm": "lm_details.md", "retrieval": "retrieval_details.md"}
-# Table order: dense, the windowed baselines, the label presets, the ABCA presets, the block-selection baselines;
-# a preset not listed follows them, alphabetically.
-ORDER = ("dense", "local", "longformer", "bigbird", "labels_d8k2", "labels_d16k2", "labels_d8k1", "labels_d4k1",
-         "labels_pos", "labels_lm4", "labels_st", "labels_hard", "labels_sg", "labels_st_sg", "labels_pos_sg", "abca",
-         "abca_hs2", "abca_global", "abca_fixed", "abca_learned", "abca_fixed_global", "abca_fixed_p2",
-         "abca_fixed_p4", "abca_fixed_global_p2", "moba", "moba_b1", "nsa")
+# Table order: the registry's (dense, the windowed baselines, the label presets, the ABCA presets, the block-
+# selection baselines); a preset not registered follows them, alphabetically.
+ORDER = budget_names()
 SHOWN_PARAMS = RECORDED_FIELDS
 # The flag that picks a row's preset on the grid runners' command lines.
 RUNNER_FLAG = "--mechanism"

@@ -36,7 +36,13 @@ from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
-from sparse_attn.studies.budget import attention_for_budget, budget_names, check_budget_name, keys_per_query, recorded_fields
+from sparse_attn.studies.budget import (
+    attention_for_budget,
+    budget_names,
+    check_budget_name,
+    keys_per_query,
+    recorded_fields,
+)
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
 from sparse_attn.studies.runs import git_commit, print_status, run_module
 from sparse_attn.train import train_and_evaluate as train_loop

@@ -106,11 +106,11 @@ RECORD = Mechanism(
     presets={
         # At the byte LM's context the runner's `abca` and `abca_learned` are the budget grids' (anchors at newlines).
         "abca": Preset(config=_explicit, budget=_newline(), tuned="max_zone"),
+        "abca_hs2": sized(_newline(handshake_steps=2), "max_zone", encoder=False),
+        "abca_global": sized(_global(_newline()), "max_zone", encoder=False),
         "abca_fixed": sized(_fixed(), "interval"),
         "abca_learned": Preset(config=_learned, budget=lambda z, n, t: AnchorAttentionConfig(
             placement=LearnedAnchors(boundary_ids=(NEWLINE,)), max_zone=z), tuned="max_zone"),
-        "abca_hs2": sized(_newline(handshake_steps=2), "max_zone", encoder=False),
-        "abca_global": sized(_global(_newline()), "max_zone", encoder=False),
         # fixed anchors with the global handshake (every anchor reads every earlier anchor): tasks without newlines
         "abca_fixed_global": sized(_global(_fixed()), "interval", encoder=False),
         # pooled writes, P summaries per anchor; their keys are counted, so zones shrink at the same budget. Not

@@ -118,12 +118,12 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path, terminal_sigint):
         k: v for k, v in reference.items() if k not in timing}
 
 
-def test_cli_parses_task_n_attention_config():
+def test_cli_parses_task_n_mechanism_config():
     args = classify.parse_args(["--task", "listops", "--n", "512", "--mechanism", "local,noncrossing_brick",
                                 "--config", "full", "--seed", "2"])
-    workdir = os.path.join("runs", "classify", "listops_n512_local+noncrossing_brick_seed_s2")
+    workdir = os.path.join("runs", "classify", "listops_n512_local+noncrossing_brick_full_s2")
     assert classify.default_workdir(args) == workdir
-    with pytest.raises(ValueError, match="2 attention names"):  # the seed config has 6 layers
+    with pytest.raises(ValueError, match="2 mechanism names"):  # the full config has 6 layers
         classify.config_from_args(args)
     args = classify.parse_args(["--task", "dyck", "--n", "128", "--mechanism", "local,dense,abca,abca_learned,"
                                 "labels,noncrossing_defect", "--config", "full", "--num_steps", "7"])
@@ -134,7 +134,7 @@ def test_cli_parses_task_n_attention_config():
     assert att[2].placement.kind == "explicit" and att[2].placement.anchor_id == 1 + config.task.k  # type-0 closer
     assert att[3].placement.kind == "learned" and att[3].placement.boundary_ids == tuple(range(9, 17))
     assert isinstance(att[5], NoncrossingAttentionConfig) and att[5].router == "defect_pair"
-    assert classify.attention_spec(config.mechanisms) == args.attention  # rows name the cell as the grid does
+    assert classify.attention_spec(config.mechanisms) == args.mechanism  # rows name the cell as the grid does
     assert classify.attention_spec(configs.full("dyck", 128, "local").mechanisms) == "local"
     # Images have no anchor token: `abca` anchors row starts.
     image = configs.smoke("pathfinder", 1024, "abca").model.attention[0]

@@ -170,7 +170,7 @@ def test_rehearsed_stage_writes_the_rows_the_session_merges(tmp_path, name, conf
     with tarfile.open(out / "gpu_session.tar.gz") as tar:
         rows = [json.loads(line) for file in stage.merge
                 for line in tar.extractfile(f"gpu_session/{name}/{file}").read().decode().splitlines()]
-    assert [(r["config"], r["variant"], r["commit"]) for r in rows] == [
+    assert [(r["config"], r["mechanism"], r["commit"]) for r in rows] == [
         (config, "dense", "rehearsal"), (config, "local", "rehearsal")]
 
 

@@ -19,8 +19,8 @@ from sparse_attn.patterns.labels.pattern import LabelPattern
 from sparse_attn.studies import budget as lm_budget
 
 N, TARGET = 64, 12.0
-COMPARED = ("local", "longformer", "bigbird", "labels_d8k2", "labels_pos", "labels_lm4", "abca", "abca_hs2", "abca_global",
-            "abca_fixed", "abca_fixed_global", "abca_learned")
+COMPARED = ("local", "longformer", "bigbird", "labels_d8k2", "labels_pos", "labels_lm4", "abca", "abca_hs2",
+            "abca_global", "abca_fixed", "abca_fixed_global", "abca_learned")
 
 
 def text_with_lines(batch: int, n: int, seed: int = 0) -> np.ndarray:

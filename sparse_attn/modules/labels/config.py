@@ -242,8 +242,8 @@ class LabelAttentionConfig:
     num_labels, top_k: each token's router picks its top_k of num_labels labels; a pair is kept when it shares one.
     landmark_every: landmark stride; None = `radius` (about one landmark per window), 0 = no landmarks.
     position_cell: 0 = the research document's pattern; an even c >= 2 adds two position labels per token (its cell
-    in two grids of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept whatever the
-    router says (the near neighbours a byte LM needs most; docs/labels.md, "Position labels").
+    in two grids of c positions offset by c/2, `patterns.labels.position`), so every pair closer than c/2 is kept
+    whatever the router says (the near neighbours a byte LM needs most; docs/labels.md, "Position labels").
     phase: "schedule" follows the step through soft -> ramp -> straight-through -> hard (`schedule`); "soft" /
     "straight_through" / "hard" pin the phase.
     ramp_thinning: in the ramp, each edge the hard pattern drops takes part with probability 1 - α (drawn afresh
