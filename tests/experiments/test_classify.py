@@ -142,7 +142,7 @@ def test_cli_parses_task_n_mechanism_config():
     for bad in (["--task", "digits", "--n", "128"], ["--task", "pathfinder", "--n", "1000"]):
         with pytest.raises(ValueError):
             classify.config_from_args(classify.parse_args([*bad, "--config", "smoke"]))
-    with pytest.raises(ValueError, match="unknown attention"):
+    with pytest.raises(ValueError, match="unknown mechanism .flash."):
         configs.smoke("listops", 64, "flash")
     with pytest.raises(SystemExit):
         classify.parse_args(["--task", "mnist", "--n", "64"])
