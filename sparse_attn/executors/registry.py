@@ -135,10 +135,6 @@ def _entries(pattern_type: type) -> _Entries | None:
     return None
 
 
-def pattern_types() -> tuple[type, ...]:
-    return tuple(_TABLE)
-
-
 def implementations(pattern_type: type) -> tuple[str, ...]:
     """Names registered for a pattern type (empty if the type is not registered)."""
     entries = _entries(pattern_type)
