@@ -1,0 +1,144 @@
+"""Mask functions (FlexAttention's `mask_mod`): `mask_fn(b, h, q_idx, kv_idx) -> bool`, any jnp-traceable predicate
+of broadcasting int32 index arrays, True where query `q_idx` may attend key `kv_idx` of batch row `b`, head `h`.
+
+    window = and_masks(causal_mask, sliding_window_mask(128))
+    docs = document_mask(segment_ids_BxN)                   # closes over an array: indexed by b, q_idx, kv_idx
+    allowed_BxHxQxK = evaluate(or_masks(window, prefix_lm_mask(prefix_len_B)), 1, 1, n, n)
+
+Ready-made predicates and their equal pattern builders (`tests/foundation/test_mask_fns.py` checks each pair on
+random sizes): `causal_mask` = `patterns.causal`, `sliding_window_mask(r)` = `patterns.sliding_window(n, r)` (and with
+`causal_mask`, the causal window), `document_mask(ids)` = `patterns.document_mask(ids)`. `prefix_lm_mask`,
+`chunked_mask` and `dilated_mask` have no builder of their own.
+
+`evaluate` is the dense oracle: it holds the whole [B, H, Q, K] mask, for tests and small problems.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn.patterns import common
+
+MaskFn = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def causal_mask(b, h, q_idx, kv_idx):
+    """Keys at or before the query."""
+    del b, h
+    return kv_idx <= q_idx
+
+
+def sliding_window_mask(radius: int) -> MaskFn:
+    """Keys within `radius` positions of the query, on both sides (`and_masks` it with `causal_mask` for the past
+    side only)."""
+    radius = common.static_int("radius", radius)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        del b, h
+        return jnp.abs(q_idx - kv_idx) <= radius
+
+    return mask_fn
+
+
+def document_mask(segment_ids_BxN) -> MaskFn:
+    """Keys of the query's own document: `segment_ids[b, q] == segment_ids[b, k]` (any ids, not only contiguous
+    runs; the packed documents of `patterns.document_mask` are the contiguous case)."""
+    seg = jnp.asarray(segment_ids_BxN)
+    common.check_int("segment_ids", seg, 2)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        del h
+        return seg[b, q_idx] == seg[b, kv_idx]
+
+    return mask_fn
+
+
+def prefix_lm_mask(prefix_len_B) -> MaskFn:
+    """Prefix-LM: every query sees the whole prefix `[0, prefix_len[b])`, and the causal past beyond it."""
+    prefix = jnp.asarray(prefix_len_B)
+    common.check_int("prefix_len", prefix, 1)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        del h
+        return (kv_idx <= q_idx) | (kv_idx < prefix[b])
+
+    return mask_fn
+
+
+def chunked_mask(chunk: int) -> MaskFn:
+    """Chunked local attention: query and key in the same chunk of `chunk` positions (`and_masks` it with
+    `causal_mask` for the causal form)."""
+    chunk = common.static_int("chunk", chunk, low=1)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        del b, h
+        return q_idx // chunk == kv_idx // chunk
+
+    return mask_fn
+
+
+def dilated_mask(dilation: int, radius: int) -> MaskFn:
+    """Dilated window: keys at a multiple of `dilation` positions from the query, at most `radius` dilated steps
+    away on either side."""
+    dilation = common.static_int("dilation", dilation, low=1)
+    radius = common.static_int("radius", radius)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        del b, h
+        d = q_idx - kv_idx
+        return (d % dilation == 0) & (jnp.abs(d) <= radius * dilation)
+
+    return mask_fn
+
+
+def and_masks(*mask_fns: MaskFn) -> MaskFn:
+    """Pairs every predicate allows."""
+    _check_fns("and_masks", mask_fns)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        out = mask_fns[0](b, h, q_idx, kv_idx)
+        for fn in mask_fns[1:]:
+            out = out & fn(b, h, q_idx, kv_idx)
+        return out
+
+    return mask_fn
+
+
+def or_masks(*mask_fns: MaskFn) -> MaskFn:
+    """Pairs some predicate allows."""
+    _check_fns("or_masks", mask_fns)
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        out = mask_fns[0](b, h, q_idx, kv_idx)
+        for fn in mask_fns[1:]:
+            out = out | fn(b, h, q_idx, kv_idx)
+        return out
+
+    return mask_fn
+
+
+def _check_fns(name: str, mask_fns) -> None:
+    if not mask_fns or not all(callable(fn) for fn in mask_fns):
+        raise ValueError(f"{name} takes one or more mask functions mask_fn(b, h, q_idx, kv_idx), got {mask_fns!r}")
+
+
+def evaluate(mask_fn: MaskFn, batch: int, heads: int, q_len: int, kv_len: int) -> jax.Array:
+    """bool[batch, heads, q_len, kv_len]: the predicate on every index (the dense oracle; O(B H Q K) memory).
+
+    Raises ValueError when the predicate does not return booleans of that shape.
+    """
+    b = jnp.arange(batch, dtype=jnp.int32).reshape(-1, 1, 1, 1)
+    h = jnp.arange(heads, dtype=jnp.int32).reshape(1, -1, 1, 1)
+    q = jnp.arange(q_len, dtype=jnp.int32).reshape(1, 1, -1, 1)
+    k = jnp.arange(kv_len, dtype=jnp.int32).reshape(1, 1, 1, -1)
+    out = jnp.asarray(mask_fn(b, h, q, k))
+    if out.dtype != jnp.bool_:
+        raise ValueError(f"mask_fn must return bool, got {out.dtype}")
+    shape = (batch, heads, q_len, kv_len)
+    try:
+        return jnp.broadcast_to(out, shape)
+    except ValueError:
+        raise ValueError(f"mask_fn returned shape {out.shape}, which does not broadcast to {shape}") from None
