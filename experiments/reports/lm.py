@@ -20,6 +20,7 @@ import os
 import statistics
 
 from experiments.reports import plot_lm
+from experiments.retrieval import train as retrieval_train
 from experiments.reports.doc_sections import write_section
 from experiments.reports.rows import mechanism, read_rows
 from sparse_attn.studies import cli
@@ -212,7 +213,7 @@ def retrieval_section(rows: list[dict], *, out: str, plots_dir: str, details: st
     extra = _details_head("Long-range retrieval: single-seed probes and commits", "Long-range retrieval")
     for (task, config, n, budget), rs in groups.items():
         path = os.path.join(plots_dir, f"retrieval_{task}_{config}_n{n}_k{budget:g}.png")
-        plot_lm.plot_retrieval(rs, path, title=f"{task}, n={n}, config {config}, budget {budget:g} keys/query")
+        retrieval_train.plot(rs, path, title=f"{task}, n={n}, config {config}, budget {budget:g} keys/query")
         title = f"{task} `{config}`, n = {n}, {budget:g} keys per query"
         table = [retrieval_table(rs) + "\n", _images([path], out if _headline(rs) else details) + "\n"]
         if _headline(rs):

@@ -1,6 +1,6 @@
 """Plots of the LM grid's rows (docs/results.md, "Language modelling"): validation bits/byte against training step per
-mechanism, final bits/byte against attention forward FLOPs per sequence, and the mechanisms' statistics over training;
-and of the retrieval grid's rows: accuracy against key-query distance (`plot_retrieval`).
+mechanism, final bits/byte against attention forward FLOPs per sequence, and the mechanisms' statistics over training
+(the retrieval grid's accuracy against key-query distance is `experiments.retrieval.train.plot`).
 
     python -m experiments.reports.plot_lm --config cpu_short --n 256 --out docs/img/lm_cpu_short_n256
 
@@ -144,41 +144,6 @@ def plot_stats(rows: list[dict], config: str, n: int, out: str) -> str | None:
     path = f"{out}_stats.png"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
-    return path
-
-
-def plot_retrieval(rows: list[dict], path: str, *, title: str = "") -> str:
-    """Accuracy per distance bucket, one line per mechanism (mean over its seeds, bars from min to max), chance
-    dotted; `rows` of one (task, config, n, budget) of the retrieval grid. Saved to `path` (PNG)."""
-    from matplotlib.figure import Figure  # noqa: PLC0415 — only plotting needs it
-
-    by_name: dict[str, list[dict]] = {}
-    for r in rows:
-        by_name.setdefault(mechanism(r), []).append(r)
-    labels = [b for b in (rows[0]["accuracy_by_distance"] if rows else [])  # buckets some answer falls in
-              if any(r["accuracy_by_distance"].get(b, {}).get("accuracy") is not None for r in rows)]
-    fig = Figure(figsize=(7, 4.2))
-    ax = fig.add_subplot()
-    for name, rs in by_name.items():
-        acc_SxB = np.array([[np.nan if (a := r["accuracy_by_distance"].get(lab, {}).get("accuracy")) is None else a
-                             for lab in labels] for r in rs], dtype=float)
-        mean_B = np.nanmean(acc_SxB, axis=0)
-        att = rs[0]["attention"]
-        radius = f", radius {att['radius']}" if "radius" in att else (
-            f", interval {att['interval']}" if "interval" in att else "")
-        kpq = np.mean([k for k in rs[0]["keys_per_query"] if k is not None] or [rs[0]["planned_keys_per_query"]])
-        ax.errorbar(np.arange(len(labels)), mean_B,
-                    yerr=[mean_B - np.nanmin(acc_SxB, axis=0), np.nanmax(acc_SxB, axis=0) - mean_B], marker="o",
-                    capsize=3, label=f"{name} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
-    chance = {"recall": lambda c: 1 / c["num_values"], "passkey": lambda c: 0.1}  # passkey: one digit of 10
-    if rows and rows[0]["task"] in chance:
-        ax.axhline(chance[rows[0]["task"]](rows[0]["task_config"]), color="grey", ls=":", lw=1, label="chance")
-    ax.set_xticks(np.arange(len(labels)), labels)
-    ax.set(xlabel="key-query distance (tokens)", ylabel="answer accuracy", ylim=(0, 1.02), title=title)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
 
 

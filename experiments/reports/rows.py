@@ -10,23 +10,9 @@ outside them.
 
 from __future__ import annotations
 
-import json
-import os
+from sparse_attn.studies.cells import read_rows
 
-
-def read_rows(path: str) -> list[dict]:
-    """The JSON objects of `path`, one a line; unreadable lines and a missing file give nothing."""
-    rows = []
-    if path and os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    return rows
+__all__ = ["mechanism", "read_rows"]
 
 
 def mechanism(row: dict) -> str | None:

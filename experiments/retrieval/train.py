@@ -198,15 +198,16 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
     import numpy as np  # noqa: PLC0415
     from matplotlib.figure import Figure  # noqa: PLC0415 — only the plot needs it
 
-    by_mechanism: dict[str, list[dict]] = {}
+    by_name: dict[str, list[dict]] = {}
     for r in rows:
-        by_mechanism.setdefault(r["mechanism"], []).append(r)
+        by_name.setdefault(r["mechanism"], []).append(r)
     labels = [b for b in (rows[0]["accuracy_by_distance"] if rows else [])  # buckets some answer falls in
               if any(r["accuracy_by_distance"].get(b, {}).get("accuracy") is not None for r in rows)]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for mechanism, rs in by_mechanism.items():
-        acc_SxB = np.array([[r["accuracy_by_distance"][lab]["accuracy"] or np.nan for lab in labels] for r in rs])
+    for name, rs in by_name.items():
+        acc_SxB = np.array([[np.nan if (a := r["accuracy_by_distance"].get(lab, {}).get("accuracy")) is None else a
+                             for lab in labels] for r in rs], dtype=float)
         mean_B = np.nanmean(acc_SxB, axis=0)
         att = rs[0]["attention"]
         radius = f", radius {att['radius']}" if "radius" in att else (
@@ -214,7 +215,7 @@ def plot(rows: list[dict], path: str, *, title: str = "") -> str:
         kpq = np.mean([k for k in rs[0]["keys_per_query"] if k is not None] or [rs[0]["planned_keys_per_query"]])
         ax.errorbar(np.arange(len(labels)), mean_B,
                     yerr=[mean_B - np.nanmin(acc_SxB, axis=0), np.nanmax(acc_SxB, axis=0) - mean_B], marker="o",
-                    capsize=3, label=f"{mechanism} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
+                    capsize=3, label=f"{name} ({kpq:.1f} keys/query{radius}; {len(rs)} seed{'s' * (len(rs) > 1)})")
     chance = {"recall": lambda c: 1 / c["num_values"], "passkey": lambda c: 0.1}  # passkey: one digit of 10
     if rows and rows[0]["task"] in chance:
         ax.axhline(chance[rows[0]["task"]](rows[0]["task_config"]), color="grey", ls=":", lw=1, label="chance")

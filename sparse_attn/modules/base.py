@@ -14,6 +14,8 @@ patterns").
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -68,6 +70,28 @@ class AttentionConfig(Protocol):
 # Statistics every attention layer reports under `layer{i}/{key}` (docs/architecture.md, "Statistics"): the module
 # reports `keys_per_query`; the model adds `attn_flops_vs_dense` on one convention for every mechanism.
 COMMON_STATS = ("keys_per_query", "attn_flops_vs_dense")
+
+
+def refuse_old_fields(instead_of: Callable[[str], str | None]):
+    """A class decorator for a config whose fields were regrouped: `cls(old_name=...)` (and
+    `dataclasses.replace(cfg, old_name=...)`) raises one TypeError naming, for each old field, `instead_of(name)`
+    (None: not an old field)."""
+
+    def decorate(cls):
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            old = [name for name in kwargs if instead_of(name)]
+            if old:
+                raise TypeError("; ".join(f"{cls.__name__} has no field {name!r}: use {instead_of(name)}"
+                                          for name in old))
+            init(self, *args, **kwargs)
+
+        cls.__init__ = __init__
+        return cls
+
+    return decorate
 
 
 def build_module(config, model_dim: int, num_heads: int, *, rngs: nnx.Rngs):

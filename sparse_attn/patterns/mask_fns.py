@@ -15,6 +15,8 @@ random sizes): `causal_mask` = `patterns.causal`, `sliding_window_mask(r)` = `pa
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 import jax
@@ -96,33 +98,22 @@ def dilated_mask(dilation: int, radius: int) -> MaskFn:
 
 def and_masks(*mask_fns: MaskFn) -> MaskFn:
     """Pairs every predicate allows."""
-    _check_fns("and_masks", mask_fns)
-
-    def mask_fn(b, h, q_idx, kv_idx):
-        out = mask_fns[0](b, h, q_idx, kv_idx)
-        for fn in mask_fns[1:]:
-            out = out & fn(b, h, q_idx, kv_idx)
-        return out
-
-    return mask_fn
+    return _combine("and_masks", operator.and_, mask_fns)
 
 
 def or_masks(*mask_fns: MaskFn) -> MaskFn:
     """Pairs some predicate allows."""
-    _check_fns("or_masks", mask_fns)
-
-    def mask_fn(b, h, q_idx, kv_idx):
-        out = mask_fns[0](b, h, q_idx, kv_idx)
-        for fn in mask_fns[1:]:
-            out = out | fn(b, h, q_idx, kv_idx)
-        return out
-
-    return mask_fn
+    return _combine("or_masks", operator.or_, mask_fns)
 
 
-def _check_fns(name: str, mask_fns) -> None:
+def _combine(name: str, op, mask_fns) -> MaskFn:
     if not mask_fns or not all(callable(fn) for fn in mask_fns):
         raise ValueError(f"{name} takes one or more mask functions mask_fn(b, h, q_idx, kv_idx), got {mask_fns!r}")
+
+    def mask_fn(b, h, q_idx, kv_idx):
+        return functools.reduce(op, (fn(b, h, q_idx, kv_idx) for fn in mask_fns))
+
+    return mask_fn
 
 
 def evaluate(mask_fn: MaskFn, batch: int, heads: int, q_len: int, kv_len: int) -> jax.Array:

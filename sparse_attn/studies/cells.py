@@ -75,14 +75,17 @@ def stats_curve(workdir: str, max_points: int = 20) -> list[dict]:
 
 
 def read_rows(path: str) -> list[dict]:
+    """The JSON objects of `path`, one a line; unreadable lines and a missing file give nothing."""
     rows = []
     if path and os.path.exists(path):
         with open(path) as f:
             for line in f:
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(row, dict):
+                    rows.append(row)
     return rows
 
 

@@ -11,7 +11,6 @@ rows that record them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 from typing import ClassVar
@@ -19,7 +18,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.modules.abca.core import check_options
-from sparse_attn.modules.base import build_module
+from sparse_attn.modules.base import build_module, refuse_old_fields
 from sparse_attn.patterns import common
 
 
@@ -126,25 +125,10 @@ def instead_of(name: str) -> str | None:
     return f"placement={cls.__name__}({field}=...)"
 
 
-def _refuse_old_fields(cls):
-    """`cls(old_name=...)` (and `dataclasses.replace(cfg, old_name=...)`) raises a TypeError naming the new form."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        old = [name for name in kwargs if instead_of(name)]
-        if old:
-            raise TypeError("; ".join(f"{cls.__name__} has no field {name!r}: use {instead_of(name)}" for name in old))
-        init(self, *args, **kwargs)
-
-    cls.__init__ = __init__
-    return cls
-
-
 # ---------------------------------------------------------------------------------------------- the config
 
 
-@_refuse_old_fields
+@refuse_old_fields(instead_of)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AnchorAttentionConfig:
     """ABCA (docs/abca.md) for one layer.

@@ -17,7 +17,6 @@ every setting under its flat name, for the result rows that record them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import numbers
 from typing import ClassVar
@@ -25,7 +24,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.attention import available_implementations
-from sparse_attn.modules.base import build_module
+from sparse_attn.modules.base import build_module, refuse_old_fields
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels import schedule as schedule_lib
@@ -216,24 +215,9 @@ def instead_of(name: str) -> str | None:
     return REMOVED.get(name)
 
 
-def _refuse_old_fields(cls):
-    """`cls(old_name=...)` (and `dataclasses.replace(cfg, old_name=...)`) raises a TypeError naming the new field."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        old = [name for name in kwargs if instead_of(name)]
-        if old:
-            raise TypeError("; ".join(f"{cls.__name__} has no field {name!r}: use {instead_of(name)}" for name in old))
-        init(self, *args, **kwargs)
-
-    cls.__init__ = __init__
-    return cls
-
-
 # ---------------------------------------------------------------------------------------------- the config
 
-@_refuse_old_fields
+@refuse_old_fields(instead_of)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LabelAttentionConfig:
     """Label attention: H = window(radius) ∪ landmarks(every landmark_every) ∪ self, filtered by shared labels.
