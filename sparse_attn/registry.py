@@ -24,6 +24,23 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 
+class BenchCore(NamedTuple):
+    """One timed cell of a mechanism, for the attention benchmark and the GPU check.
+
+    fn(*args) -> (out [B, N, H, D], pairs), with args = (q, k, v, *extra): what the core reads besides q, k, v
+      (zones, a router's input and parameters) is passed as arguments, as in a model, so XLA cannot fold it into
+      constants. `pairs`: the allowed (query, key) pairs per sequence and head (their mean where they differ) where
+      a router learns the pattern, None where `pattern` gives them.
+    pattern: the pattern attended when the args fix it (FLOPs, pair counts); None when a router learns it.
+    grad_argnums: what forward+backward differentiates (q, k, v; + the router's input where it learns).
+    """
+
+    fn: Callable[..., tuple[Any, Any]]
+    args: tuple
+    pattern: Any = None
+    grad_argnums: tuple[int, ...] = (0, 1, 2)
+
+
 class Decoder(NamedTuple):
     """Incremental decoding of one layer (docs/generation.md).
 
@@ -70,8 +87,9 @@ class Mechanism:
       for the retrieval diagnostics (None: no probe).
     keys_per_query(config, n, tokens_BxN) -> float: allowed keys per query of one causal layer on full length-n
       sequences, how the budget grids match budgets (None: no preset of it is budget-matched).
-    bench: benchmark cores by name, `spec -> (fn(q, k, v), (q, k, v), pattern)` for `experiments.benchmarks.attention`
-      (`sparse_attn.studies.bench.BenchSpec`).
+    bench: benchmark cores by name, `spec -> BenchCore` (`sparse_attn.studies.bench.BenchSpec`: length, batch,
+      heads, head dim, dtype, radius, causal, executor), timed by `experiments.benchmarks.attention` and
+      `experiments.gpu.check`.
     """
 
     name: str
@@ -81,7 +99,7 @@ class Mechanism:
     decoder: Decoder | None = None
     probe: Callable[..., tuple] | None = None
     keys_per_query: Callable[..., float] | None = None
-    bench: Mapping[str, Callable[[Any], tuple]] = dataclasses.field(default_factory=dict)
+    bench: Mapping[str, Callable[[Any], BenchCore]] = dataclasses.field(default_factory=dict)
 
 
 _MECHANISMS: dict[str, Mechanism] = {}
@@ -159,6 +177,6 @@ def for_module(module) -> Mechanism | None:
     return None
 
 
-def bench_cores() -> dict[str, Callable[[Any], tuple]]:
+def bench_cores() -> dict[str, Callable[[Any], BenchCore]]:
     """Every registered benchmark core by name."""
     return {name: core for m in _MECHANISMS.values() for name, core in m.bench.items()}

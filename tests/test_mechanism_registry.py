@@ -2,11 +2,13 @@
 
 import dataclasses
 
+import jax
 import pytest
 
 from sparse_attn import registry
 from sparse_attn.mechanisms.common import NEWLINE
 from sparse_attn.studies.mechanisms import NEWLINE_ANCHORS, Context
+from sparse_attn.studies.bench import BenchSpec
 from sparse_attn.studies.budget import budget_names
 
 
@@ -59,3 +61,21 @@ def test_registration_refuses_clashes_and_non_records():
 def test_newline_presets_anchor_at_newlines():
     cfg = registry.preset("abca_hs2")[1].budget(32, 256, 24.0)
     assert cfg.handshake_steps == 2 and NEWLINE == ord("\n")
+
+
+@pytest.mark.parametrize("name", sorted(registry.bench_cores()))
+def test_every_benchmark_core_keeps_the_contract(name):
+    """fn(q, k, v, *extra) -> (out [B, N, H, D], pairs): pairs from the fn exactly when no fixed pattern gives them;
+    what forward+backward differentiates is a float argument (traced shapes only: nothing compiles)."""
+    record = next(m for m in registry.mechanisms() if name in m.bench)
+    causal = any(p.causal for p in record.presets.values())
+    spec = BenchSpec(n=256, batch=2, heads=2, head_dim=8, dtype="float32", radius=8, impl=None,
+                     key=jax.random.key(0), causal=causal)
+    core = registry.bench_cores()[name](spec)
+    assert isinstance(core, registry.BenchCore)
+    out, pairs = jax.eval_shape(core.fn, *core.args)
+    assert out.shape == (2, 256, 2, 8)
+    assert (pairs is None) == (core.pattern is not None), name
+    for i in core.grad_argnums:
+        leaves = jax.tree.leaves(core.args[i])
+        assert leaves and all(jax.numpy.issubdtype(x.dtype, jax.numpy.floating) for x in leaves), (name, i)

@@ -24,9 +24,9 @@ from sparse_attn.studies import cli
 from sparse_attn.studies.bench import BenchSpec, qkv
 
 
-def _dense(spec: BenchSpec):
-    fn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v)  # noqa: E731
-    return fn, qkv(spec), patterns.dense(spec.n)
+def _dense(spec: BenchSpec) -> registry.BenchCore:
+    fn = lambda q, k, v: (jax.nn.dot_product_attention(q, k, v), None)  # noqa: E731
+    return registry.BenchCore(fn, qkv(spec), patterns.dense(spec.n))
 
 
 def cores() -> dict:
@@ -53,17 +53,23 @@ def run(args) -> list[benchlib.Row]:
                 spec = BenchSpec(
                     n, args.batch, args.heads, args.head_dim, args.dtype, args.radius, impl, jax.random.PRNGKey(0)
                 )
-                fn, fargs, pattern = table[name](spec)
-                st = patterns.pattern_stats(pattern, args.head_dim, batch=args.batch, heads=args.heads)
+                core = table[name](spec)
+                if core.pattern is not None:
+                    st = patterns.pattern_stats(core.pattern, args.head_dim, batch=args.batch, heads=args.heads)
+                    flops, mean_keys = float(st["flops"]), float(st["mean_keys"])
+                else:  # a learned pattern: the core counts its pairs
+                    mean_keys = float(jax.jit(core.fn)(*core.args)[1]) / n
+                    flops = 4.0 * args.batch * args.heads * n * mean_keys * args.head_dim
                 row = benchlib.measure(
                     name,
                     "jax.nn" if name == "dense" else impl,
                     n,
-                    fn,
-                    fargs,
+                    lambda *a, fn=core.fn: fn(*a)[0],
+                    core.args,
                     repeats=args.repeats,
-                    flops=float(st["flops"]),
-                    extra=dict(density=float(st["density"]), mean_keys=float(st["mean_keys"])),
+                    flops=flops,
+                    extra=dict(density=mean_keys / n, mean_keys=mean_keys),
+                    grad_argnums=core.grad_argnums,
                 )
                 rows.append(row)
                 print(

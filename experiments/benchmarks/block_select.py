@@ -3,12 +3,13 @@
 Command (CPU, fp32; the numbers in docs/moba.md and docs/nsa.md):
   python -m experiments.benchmarks.block_select --n 4096 16384
 
-At length n, both run at about 1/16 of causal dense's pairs or fewer (`studies.bench.moba_config`, `nsa_config`):
+At length n, both run at about 1/16 of causal dense's pairs or fewer (their registered benchmark cores:
+`sparse_attn.mechanisms.moba.bench_config`, `nsa.bench_config`):
 MoBA with key blocks of n / 128 and the top-4 (own included: ~3.5 n / 128 keys a query); NSA with compressed
 tokens every n / 128 (blocks of twice that), selection blocks of n / 256, top-4, and a window of n / 256. The
 cores are what the layers compute from projected q, k, v [B, N, H, D] (NSA: per-branch k, v and the gates), on
 the "xla" executor; their projections are excluded. Forward+backward differentiates w.r.t. q, k, v (and NSA's
-gates and compression MLPs). Dense is `jax.nn.dot_product_attention(is_causal=True)` on the same q, k, v. At
+gates and compression MLPs). Dense is `jax.nn.dot_product_attention(is_causal=True)` on q, k, v of the same shape. At
 16384 every method runs one head (dense's N x N logits must fit), at 4096 four. Acceptance: fwd+bwd >= 10x faster than dense at 16384.
 
 Writes: experiments/results/bench_block_select.{md,json}.
@@ -20,50 +21,16 @@ import os
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-from sparse_attn.modules.moba import moba_core, moba_selection, moba_stats
+from sparse_attn import registry
 from sparse_attn.studies import bench as benchlib
 from sparse_attn.studies import cli
+from sparse_attn.studies.bench import BenchSpec
 
 
 def _inputs(n: int, batch: int, heads: int, head_dim: int, count: int):
     keys = jax.random.split(jax.random.PRNGKey(0), count)
     return tuple(jax.random.normal(kk, (batch, n, heads, head_dim), jnp.float32) for kk in keys)
-
-
-def moba_core_fn(n: int, batch: int, heads: int, head_dim: int):
-    """(fn, args, stats): selection (no gradient) and attention over it, from q, k, v."""
-    cfg = benchlib.moba_config(n, "xla")
-    vl = jnp.full((batch,), n, jnp.int32)
-
-    def fn(q, k, v):
-        sel = moba_selection(q, k, cfg, causal=True, valid_len=vl)
-        return moba_core(q, k, v, sel, cfg, causal=True, valid_len=vl)
-
-    q, k, v = _inputs(n, batch, heads, head_dim, 3)
-    sel = jax.jit(lambda q, k: moba_selection(q, k, cfg, causal=True, valid_len=vl))(q, k)
-    stats = moba_stats(sel, n, cfg, causal=True, valid_len=vl)
-    return fn, (q, k, v), {"block_size": cfg.block_size, "keys_per_query": float(stats["keys_per_query"])}
-
-
-def nsa_core_fn(n: int, batch: int, heads: int, head_dim: int):
-    """(fn, args, stats): the three branches and their gated sum (`NsaAttention.core`) from projected inputs."""
-    cfg = benchlib.nsa_config(n, "xla")
-    module = cfg.make(heads * head_dim, heads, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module, nnx.Param)
-    vl = jnp.full((batch,), n, jnp.int32)
-
-    def fn(q, kc, vc, ks, vs, kw, vw, gates, params):
-        layer = nnx.merge(graphdef, params)
-        return layer.core(q, (kc, vc), (ks, vs), (kw, vw), gates, vl, causal=True)[0]
-
-    gates = jax.nn.sigmoid(jax.random.normal(jax.random.PRNGKey(1), (batch, n, 3, heads, 1)))
-    args = (*_inputs(n, batch, heads, head_dim, 7), gates, params)
-    stats = jax.jit(lambda *a: nnx.merge(graphdef, a[-1]).core(a[0], a[1:3], a[3:5], a[5:7], a[7], vl,
-                                                               causal=True)[1])(*args)  # fmt: skip
-    keep = ("keys_per_query", "keys_cmp", "keys_slc", "keys_win")
-    return fn, args, {"compress_stride": cfg.compress_stride, **{k: float(stats[k]) for k in keep}}
 
 
 def run(args) -> list[benchlib.Row]:
@@ -77,11 +44,15 @@ def run(args) -> list[benchlib.Row]:
         rows.append(benchlib.measure("dense", "jax.nn", n, dense, (q, k, v), repeats=args.repeats,
                                      flops=4.0 * args.batch * heads * n * dense_keys * d))  # fmt: skip
         _print(rows[-1])
-        for name, build in (("moba", moba_core_fn), ("nsa", nsa_core_fn)):
-            fn, fargs, st = build(n, args.batch, heads, d)
-            st["pairs_vs_dense"] = st["keys_per_query"] / dense_keys
-            rows.append(benchlib.measure(name, "xla", n, fn, fargs, repeats=args.repeats,
-                                         flops=4.0 * args.batch * heads * n * st["keys_per_query"] * d, extra=st))
+        for name in ("moba", "nsa"):
+            spec = BenchSpec(n=n, batch=args.batch, heads=heads, head_dim=d, dtype="float32", radius=0, impl="xla",
+                             key=jax.random.PRNGKey(0), causal=True)  # fmt: skip
+            core = registry.bench_cores()[name](spec)
+            keys = float(jax.jit(core.fn)(*core.args)[1]) / n
+            st = {"keys_per_query": keys, "pairs_vs_dense": keys / dense_keys}
+            rows.append(benchlib.measure(name, "xla", n, lambda *a, fn=core.fn: fn(*a)[0], core.args,
+                                         repeats=args.repeats, flops=4.0 * args.batch * heads * n * keys * d,
+                                         extra=st, grad_argnums=core.grad_argnums))  # fmt: skip
             _print(rows[-1])
     return benchlib.add_ratios(rows)
 

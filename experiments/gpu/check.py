@@ -11,17 +11,17 @@ Command (one H200, nothing installed: Python 3.12, jax 0.11.2, flax, optax, orba
 Order (whatever does not fit the budget is recorded as a `skipped` row, never silently dropped):
   1. n = 16384, d = 64, then d = 128; B = 1, H = 16 (no GQA), bf16, fwd then fwd+bwd per method:
      cudnn_dense, ours_dense, ours_window256, ours_labels, ours_abca256, ours_causal, ours_labels_bucketed(64),
-     cudnn_causal, moba_core, nsa_core (the kernels on a pattern: `pallas_attention`; `ours_labels_bucketed`: the
-     same labels as a `LabelPattern` through "bucketed_pallas", the kernels in bucket-entry space;
-     `..._bucketed64` with 64x64 tiles), then the whole mechanism cores as a user calls them with
-     `implementation=None` (`<mech>_core_default`; the table names what None resolved to): `abca_core_*`
-     (`abca_core`, anchors every 256), `labels_core_*` (the label module's router + hard-phase `label_core`:
-     window 1024, 3 of 32 labels), `routing_core_*` (the non-crossing module's `core`: router, diagrams, key rows,
-     attention; the issue's name "routing" for the mechanism the code calls "noncrossing"). `moba_core` and
-     `nsa_core`: the block-selection baselines' cores at ~1/18 and ~1/23 of causal dense's pairs
-     (`studies.bench.moba_config`, `nsa_config`; default executors).
-  2. The cores' other explicit implementations at d = 64 (`abca_core_pallas`, ..., "xla" last).
-  3. Scaling, d = 64, n = 65536 and 131072: cudnn_dense, the window/ABCA/label kernels and the three cores (None).
+     cudnn_causal (the kernels on a pattern: `pallas_attention`; `ours_labels_bucketed`: the same labels as a
+     `LabelPattern` through "bucketed_pallas", the kernels in bucket-entry space; `..._bucketed64` with 64x64
+     tiles), then the registered mechanisms' benchmark cores (`sparse_attn.registry.Mechanism.bench`) as a user
+     calls them with `implementation=None` (`<core>_core_default`; the table names what None resolved to):
+     `abca_core_*` (`abca_core`, anchors every 256), `labels_core_*` (the label router + hard-phase `label_core`:
+     window 1024, 3 of 32 labels), `noncrossing_core_*` (the non-crossing module's `core`: router, diagrams, key
+     rows, attention; bidirectional), `moba_core_default` and `nsa_core_default` (the block-selection baselines'
+     cores at ~1/18 and ~1/23 of causal dense's pairs: `sparse_attn.mechanisms.moba.bench_config`, `nsa`'s).
+  2. The ABCA, label and non-crossing cores' other explicit implementations at d = 64 (`abca_core_pallas`, ...,
+     "xla" last).
+  3. Scaling, d = 64, n = 65536 and 131072: cudnn_dense, the window/ABCA/label kernels and those three cores (None).
   4. The cores' other implementations at d = 128.
   5. Correctness (a reserved slice of the budget): our kernels fwd+bwd at n = 512 (B=2, H=4, G=2, D=64; one
      fp32 D=128 case) on seven pattern kinds, fp32 and bf16, against a float64 numpy oracle on the host (one
@@ -31,7 +31,7 @@ Row (one JSON object per line): method, n, d, mode ("fwd" | "fwd+bwd"), ms, tflo
 commit, device, jax, date (the run's start, shared by its rows); `skipped` (why) or `error` instead of ms where
 that happened; correctness rows are method "check_<pattern>" with max_abs_err, tol, ok. `pairs`: allowed
 (query, key) pairs per (sequence, head) (ABCA core: its stage 1+3 pattern; labels core: the router's hard keys;
-routing core: valid key-row slots). TFLOP/s: 4·d flops per pair and head forward, 3.5x that for fwd+bwd.
+non-crossing core: valid key-row slots; MoBA, NSA: their selections). TFLOP/s: 4·d flops per pair and head forward, 3.5x that for fwd+bwd.
 `first_call_s`: compile (capped by --compile-limit-s; a compile still running then is abandoned and recorded as
 an error) + the first call.
 
@@ -58,8 +58,8 @@ from experiments.gpu.measure import (
     time_row,
 )
 from experiments.gpu.methods import (
-    CORES,
     RESULTS,
+    SWEPT,
     TARGETS,
     Plan,
     core_impls,
@@ -174,7 +174,7 @@ def markdown(rows: list[dict], common: dict, p: Plan) -> str:
              "n, d, mode; pair ratio: cuDNN dense pairs / pairs; rate: TFLOP/s / cuDNN dense TFLOP/s.", ""]  # fmt: skip
     timed = [r for r in rows if not r["method"].startswith("check_")]
     base = {(r["n"], r["d"], r["mode"]): r for r in timed if r["method"] == "cudnn_dense" and "ms" in r}
-    defaults = {m: core_impls(m)[0] for m in CORES}
+    defaults = {m: core_impls(m)[0] for m in SWEPT}
     for n, d, mode in dict.fromkeys((r["n"], r["d"], r["mode"]) for r in timed):
         b = base.get((n, d, mode))
         lines += [f"## n = {n}, d = {d}, {mode}", "",
@@ -184,7 +184,7 @@ def markdown(rows: list[dict], common: dict, p: Plan) -> str:
         for r in (r for r in timed if (r["n"], r["d"], r["mode"]) == (n, d, mode)):
             name = r["method"]
             mech = name.split("_core_")[0] if "_core_" in name else None
-            label = f"{name} (= {defaults[mech]})" if mech and name.endswith("_default") else name
+            label = f"{name} (= {defaults[mech]})" if mech in defaults and name.endswith("_default") else name
             if "ms" not in r:
                 lines.append(f"| {label} | {r.get('skipped') or r.get('error', '')[:80]} | | | | | | |")
                 continue

@@ -52,17 +52,14 @@ def compile_within(jitted, args, limit_s: float):
 
 
 def _fwd(m: Method):
-    return jax.jit(lambda q, k, v, *extra: m.fn(q, k, v, *extra))
+    return jax.jit(m.fn)
 
 
 def _fwd_bwd(m: Method):
-    def loss(q, k, v, *extra):
-        out = m.fn(q, k, v, *extra)
-        out = out[0] if m.pairs is None else out
-        return jnp.sum(out.astype(jnp.float32))
+    def loss(*args):
+        return jnp.sum(m.fn(*args)[0].astype(jnp.float32))
 
-    argnums = (0, 1, 2, 3) if m.grad_extra else (0, 1, 2)
-    return jax.jit(jax.grad(loss, argnums=argnums))
+    return jax.jit(jax.grad(loss, argnums=m.grad_argnums))
 
 
 def time_row(m: Method, mode: str, qkv, p: Plan, limit_s: float) -> dict:

@@ -1,11 +1,10 @@
 """What the GPU check times: the plan (sizes, budget), the patterns, and each method as a jitted fwd and fwd+bwd
-(our kernels, cuDNN, the three mechanism cores, the MoBA and NSA cores); `method_list` gives them in the check's
-priority order (experiments/gpu/check.py)."""
+(our kernels, cuDNN, and the registered mechanisms' benchmark cores); `method_list` gives them in the check's priority
+order (experiments/gpu/check.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import jax
@@ -13,19 +12,26 @@ import jax.numpy as jnp
 import numpy as np
 
 import sparse_attn.kernels as kernels
-from sparse_attn.executors.pallas import pallas_attention
+from sparse_attn import registry
 from sparse_attn.attention import available_implementations, default_implementation
+from sparse_attn.executors.pallas import pallas_attention
 from sparse_attn.patterns import baselines
+from sparse_attn.patterns.abca import ZonePattern
 from sparse_attn.patterns.intervals import Intervals
-from sparse_attn.studies.mechanisms import Context, attention_config
+from sparse_attn.patterns.labels.pattern import LabelPattern
+from sparse_attn.patterns.neighbours import NeighbourList
+from sparse_attn.studies.bench import BenchSpec
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 TOL = {"float32": 2e-4, "bfloat16": 3e-2}
-# The issue's targets (speed-up vs cuDNN dense at 16k); cores are judged by their best implementation.
+# Targets (speed-up vs cuDNN dense at 16k); cores are judged by their best implementation.
 TARGETS = {"ours_dense": 0.8, "ours_window256": 30, "ours_labels": 20, "ours_labels_bucketed": 20,
            "ours_labels_bucketed64": 20, "ours_abca256": 40, "abca_core": 25, "labels_core": 12,
-           "routing_core": 20}  # fmt: skip
-CORES = ("abca", "labels", "routing")
+           "noncrossing_core": 20}  # fmt: skip
+# The registered benchmark cores the check times (`sparse_attn.registry.Mechanism.bench`), and those whose other
+# explicit implementations it times too, by the pattern type whose executor `implementation` picks.
+CORES = ("abca", "labels", "noncrossing", "moba", "nsa")
+SWEPT = {"abca": ZonePattern, "labels": LabelPattern, "noncrossing": NeighbourList}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,18 +135,18 @@ def count_pairs(pattern, n: int, chunk: int = 512) -> int:
 
 @dataclasses.dataclass
 class Method:
-    """fn(q, k, v, *extra) -> out or (out, pairs scalar); grads of fwd+bwd w.r.t. q, k, v (+ extra[0] if
-    `grad_extra`)."""
+    """fn(q, k, v, *extra) -> (out, pairs or None); fwd+bwd differentiates the args at `grad_argnums`. `pairs`:
+    allowed pairs per (sequence, head) when known ahead (None: the fn returns them)."""
 
     fn: object
     extra: tuple = ()
-    pairs: int | None = None  # None: the fn returns them
-    grad_extra: bool = False
+    pairs: float | None = None
+    grad_argnums: tuple[int, ...] = (0, 1, 2)
 
 
 def kernel_method(p: Plan, pattern, d: int, pairs: int) -> Method:
     scale = d**-0.5
-    return Method(lambda q, k, v: pallas_attention(q, k, v, pattern, scale, config=p.config)[0], (), pairs)
+    return Method(lambda q, k, v: (pallas_attention(q, k, v, pattern, scale, config=p.config)[0], None), (), pairs)
 
 
 def bucketed_kernel_method(p: Plan, pattern, d: int, pairs: int, tile: int | None = None) -> Method:
@@ -150,112 +156,34 @@ def bucketed_kernel_method(p: Plan, pattern, d: int, pairs: int, tile: int | Non
 
     config = p.config if tile is None else dataclasses.replace(
         p.config or kernels.KernelConfig(), block_sizes=kernels.BlockSizes(block_q=tile, block_k=tile))  # fmt: skip
-    return Method(lambda q, k, v: attention(q, k, v, pattern, implementation="bucketed_pallas", config=config),
-                  (), pairs)  # fmt: skip
+    fn = lambda q, k, v: (attention(q, k, v, pattern, implementation="bucketed_pallas", config=config), None)  # noqa: E731
+    return Method(fn, (), pairs)
 
 
 def cudnn_method(p: Plan, causal: bool, pairs: int) -> Method:
     impl = None if p.interpret else "cudnn"  # the dry run has no cuDNN: XLA stands in (rows go to a tmp dir)
-    return Method(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl),
-                  (), pairs)  # fmt: skip
+    return Method(lambda q, k, v: (jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=impl),
+                                   None), (), pairs)  # fmt: skip
 
 
-def abca_method(p: Plan, n: int, d: int, impl: str | None, pairs: int) -> Method:
-    """`abca_core` with zones and projections as arguments (as in a model: nothing for XLA to constant-fold)."""
-    from sparse_attn.modules.abca import AnchorProjections, abca_core
-    from sparse_attn.patterns import abca as abca_lib
-
-    zones = abca_lib.compute_zones(abca_lib.fixed_interval_anchors(1, n, p.interval))
-    w = jax.random.normal(jax.random.key(1), (3, p.heads, d, d), jnp.float32) / math.sqrt(d)
-    proj = AnchorProjections(*(x.astype(jnp.bfloat16) for x in w))
-
-    def fn(q, k, v, zones, proj):
-        return abca_core(q, k, v, zones, proj, max_zone=p.interval, causal=True, implementation=impl)[0]
-
-    return Method(fn, (zones, proj), pairs)
+def _record(core: str) -> registry.Mechanism:
+    return next(m for m in registry.mechanisms() if core in m.bench)
 
 
-def labels_method(p: Plan, n: int, d: int, impl: str | None) -> Method:
-    """The label module's router and hard-phase `label_core` (window `label_radius`, 3 of 32 labels)."""
-    from flax import nnx
-
-    from sparse_attn.modules.labels import INFERENCE_STEP, label_core
-    from sparse_attn.patterns.labels.base_graph import BaseGraph
-
-    cfg = attention_config("labels", Context(seq_len=n, window=p.label_radius), num_labels=32, top_k=3,
-                           landmark_every=0, phase="hard", implementation=impl, rope_base=None)  # block 128, soft 64
-    module = cfg.make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module.router, nnx.Param)
-    base = BaseGraph(radius=p.label_radius, landmark_every=0, causal=True)
-    x = jax.random.normal(jax.random.key(2), (1, n, p.heads * d), jnp.float32).astype(jnp.bfloat16)
-
-    def fn(q, k, v, x, params):
-        r = nnx.merge(graphdef, params)(x)
-        valid = jnp.full((q.shape[0],), n, jnp.int32)
-        o, aux = label_core(q, k, v, r, cfg, base, step=jnp.int32(INFERENCE_STEP), valid_len=valid)
-        return o, jnp.sum(aux["hard_keys"][0, 0])
-
-    return Method(fn, (x, params))
+def core_method(p: Plan, core: str, n: int, d: int, impl: str | None) -> Method:
+    """A registered mechanism's benchmark core (`sparse_attn.registry.BenchCore`) at B = 1, bf16, the window
+    `label_radius`, causal where the mechanism runs causally; its pairs come from its pattern or its fn."""
+    causal = any(preset.causal for preset in _record(core).presets.values())
+    spec = BenchSpec(n=n, batch=1, heads=p.heads, head_dim=d, dtype="bfloat16", radius=p.label_radius, impl=impl,
+                     key=jax.random.key(n + d), causal=causal)  # fmt: skip
+    bench = registry.bench_cores()[core](spec)
+    pairs = None if bench.pattern is None else count_pairs(bench.pattern, n)
+    return Method(bench.fn, bench.args[3:], pairs, bench.grad_argnums)
 
 
-def routing_method(p: Plan, n: int, d: int, impl: str | None) -> Method:
-    """The non-crossing module's `core` (defect-pair router, T = 10, key rows [self, top, bottom])."""
-    from flax import nnx
-
-    cfg = attention_config("noncrossing_defect", Context(seq_len=n, window=n), implementation=impl,
-                           rope_base=None)
-    module = cfg.make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module, nnx.Param)
-    x = jax.random.normal(jax.random.key(3), (1, n, p.heads * d), jnp.float32).astype(jnp.bfloat16)
-
-    def fn(q, k, v, x, params):
-        o, stats = nnx.merge(graphdef, params).core(x, q, k, v, jnp.full((q.shape[0],), n, jnp.int32))
-        return o, stats["keys_per_query"] * n
-
-    return Method(fn, (x, params), grad_extra=True)
-
-
-def moba_method(n: int) -> Method:
-    """MoBA's gate and attention over its selection (`studies.bench.moba_config`: blocks of n / 128, top-4)."""
-    from sparse_attn.modules.moba import moba_core, moba_selection, moba_stats
-    from sparse_attn.studies.bench import moba_config
-
-    cfg = moba_config(n)
-
-    def fn(q, k, v):
-        vl = jnp.full((q.shape[0],), n, jnp.int32)
-        sel = moba_selection(q, k, cfg, causal=True, valid_len=vl)
-        o = moba_core(q, k, v, sel, cfg, causal=True, valid_len=vl)
-        return o, moba_stats(sel, n, cfg, causal=True, valid_len=vl)["keys_per_query"] * n
-
-    return Method(fn)
-
-
-def nsa_method(p: Plan, n: int, d: int) -> Method:
-    """NSA's three branches and gates (`NsaAttention.core`, `studies.bench.nsa_config`), every branch fed q's k, v."""
-    from flax import nnx
-
-    from sparse_attn.studies.bench import nsa_config
-
-    module = nsa_config(n).make(p.heads * d, p.heads, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(module, nnx.Param)
-    gates = jax.nn.sigmoid(jax.random.normal(jax.random.key(4), (1, n, 3, p.heads, 1), jnp.float32))
-
-    def fn(q, k, v, gates, params):
-        vl = jnp.full((q.shape[0],), n, jnp.int32)
-        o, stats = nnx.merge(graphdef, params).core(q, (k, v), (k, v), (k, v), gates, vl, causal=True)
-        return o, stats["keys_per_query"] * n
-
-    return Method(fn, (gates, params))
-
-
-def core_impls(mech: str) -> tuple[str | None, list[str]]:
+def core_impls(core: str) -> tuple[str | None, list[str]]:
     """(what None resolves to on this platform, the explicit implementations to time besides None)."""
-    from sparse_attn.patterns.abca import ZonePattern
-    from sparse_attn.patterns.labels.pattern import LabelPattern
-    from sparse_attn.patterns.neighbours import NeighbourList
-
-    kind = {"abca": ZonePattern, "labels": LabelPattern, "routing": NeighbourList}[mech]
+    kind = SWEPT[core]
     default = default_implementation(None, kind)
     # (the label hard phase's "xla"/"pallas" need a pattern without landmarks: the timed one has none)
     others = [i for i in available_implementations(kind) if i not in ("reference", default)]
@@ -290,22 +218,19 @@ def method_list(p: Plan, n: int, d: int, part: str) -> list[tuple[str, object]]:
             return lambda: bucketed_kernel_method(p, pattern("labels_bucketed"), d, pairs("labels"), tile)
         return lambda: kernel_method(p, pattern(name), d, pairs(name))
 
-    build = {
-        "abca": lambda impl: abca_method(p, n, d, impl, pairs("abca256")),
-        "labels": lambda impl: labels_method(p, n, d, impl),
-        "routing": lambda impl: routing_method(p, n, d, impl),
-    }
+    def core(name, impl):
+        return lambda: core_method(p, name, n, d, impl)
+
     if part == "impls":
-        return [(f"{mech}_core_{impl}", lambda mech=mech, impl=impl: build[mech](impl))
-                for mech in CORES for impl in core_impls(mech)[1]]  # fmt: skip
+        return [(f"{name}_core_{impl}", core(name, impl)) for name in SWEPT for impl in core_impls(name)[1]]
     out = [("cudnn_dense", lambda: cudnn_method(p, False, pairs("dense")))]
     kinds = ("window256", "abca256", "labels", "labels_bucketed") if part == "scaling" else (
         "dense", "window256", "labels", "abca256", "causal", "labels_bucketed", "labels_bucketed64")  # fmt: skip
     out += [(f"ours_{k}", ours(k)) for k in kinds]
     if part == "main":
         out.append(("cudnn_causal", lambda: cudnn_method(p, True, pairs("causal"))))
-        out += [("moba_core", lambda: moba_method(n)), ("nsa_core", lambda: nsa_method(p, n, d))]
-    return out + [(f"{mech}_core_default", lambda mech=mech: build[mech](None)) for mech in CORES]
+    cores = CORES if part == "main" else SWEPT  # scaling: the swept cores
+    return out + [(f"{name}_core_default", core(name, None)) for name in cores]
 
 
 # -- running one row --------------------------------------------------------------------------------------------

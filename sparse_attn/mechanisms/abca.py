@@ -15,7 +15,7 @@ from sparse_attn.modules.abca import AnchorAttention, AnchorAttentionConfig, Anc
 from sparse_attn.modules.abca.config import ExplicitAnchors, FixedAnchors, LearnedAnchors
 from sparse_attn.modules.abca.stats import abca_stats
 from sparse_attn.patterns import abca
-from sparse_attn.registry import Decoder, Mechanism, Preset
+from sparse_attn.registry import BenchCore, Decoder, Mechanism, Preset
 from sparse_attn.studies.bench import BenchSpec, qkv
 
 
@@ -88,15 +88,20 @@ def _bench_anchors(spec: BenchSpec, random_zones: bool):
     return jnp.asarray(mask), 384
 
 
-def bench_core(spec: BenchSpec, random_zones: bool = False):
+def bench_core(spec: BenchSpec, random_zones: bool = False) -> BenchCore:
     """ABCA's core (anchor gather, chain handshake, zone attention) on explicit anchors, the spec's executor for the
-    zone pattern (the full module's benchmark: experiments/benchmarks/abca.py)."""
+    zone pattern; zones and projections are arguments (the full module's benchmark: experiments/benchmarks/abca.py)."""
     mask, cap = _bench_anchors(spec, random_zones)
     zones = abca.compute_zones(abca.enforce_zone_cap(mask, None, cap)[0])
-    ws = [jax.random.normal(k, (spec.heads, spec.head_dim, spec.head_dim)) / 8 for k in jax.random.split(spec.key, 3)]
+    scale = spec.head_dim**-0.5
+    ws = [(jax.random.normal(k, (spec.heads, spec.head_dim, spec.head_dim)) * scale).astype(spec.dtype)
+          for k in jax.random.split(jax.random.fold_in(spec.key, 1), 3)]  # fmt: skip
     proj = AnchorProjections(*ws, rope_base=1e4)
-    fn = lambda q, k, v: abca_core(q, k, v, zones, proj, max_zone=cap, implementation=spec.impl)[0]  # noqa: E731
-    return fn, qkv(spec), abca.layer_intervals(zones, causal=False, max_zone=cap)
+
+    def fn(q, k, v, zones, proj):
+        return abca_core(q, k, v, zones, proj, max_zone=cap, causal=spec.causal, implementation=spec.impl)[0], None
+
+    return BenchCore(fn, (*qkv(spec), zones, proj), abca.layer_intervals(zones, causal=spec.causal, max_zone=cap))
 
 
 RECORD = Mechanism(

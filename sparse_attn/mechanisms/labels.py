@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from sparse_attn.decode import labels as decode
 from sparse_attn.diagnostics.probe import label_probe
 from sparse_attn.mechanisms.common import sized
-from sparse_attn.modules.labels import LabelAttention, LabelAttentionConfig, LabelCapacity, LabelRouterConfig
+from sparse_attn.modules.labels import (
+    INFERENCE_STEP,
+    LabelAttention,
+    LabelAttentionConfig,
+    LabelCapacity,
+    LabelRouterConfig,
+    label_core,
+)
 from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels.stats import p_share
-from sparse_attn.registry import Decoder, Mechanism, Preset
+from sparse_attn.patterns.labels.base_graph import BaseGraph
+from sparse_attn.registry import BenchCore, Decoder, Mechanism, Preset
+from sparse_attn.studies.bench import BenchSpec, qkv
 
 
 def label_keys(cfg: LabelAttentionConfig, n: int, tokens_BxN=None) -> float:
@@ -57,6 +68,26 @@ def _labels(d: int, k: int, cell: int = 0, every: int | None = None, **kw) -> Pr
                  "radius", monotone=False)
 
 
+def bench_core(spec: BenchSpec) -> BenchCore:
+    """The router and the hard-phase `label_core` at inference: a window of `spec.radius`, no landmarks, 3 of 32
+    labels a token, the spec's executor for the label pattern; the router's input and parameters are arguments."""
+    cfg = LabelAttentionConfig(num_labels=32, top_k=3, radius=spec.radius, landmark_every=0, phase="hard",
+                               implementation=spec.impl, rope_base=None, capacity=_capacity(spec.n))
+    module = cfg.make(spec.heads * spec.head_dim, spec.heads, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module.router, nnx.Param)
+    base = BaseGraph(radius=spec.radius, landmark_every=0, causal=spec.causal)
+    x = jax.random.normal(jax.random.fold_in(spec.key, 1), (spec.batch, spec.n, spec.heads * spec.head_dim),
+                          spec.dtype)  # fmt: skip
+    valid = jnp.full((spec.batch,), spec.n, jnp.int32)
+
+    def fn(q, k, v, x, params):
+        r = nnx.merge(graphdef, params)(x)
+        o, aux = label_core(q, k, v, r, cfg, base, step=jnp.int32(INFERENCE_STEP), valid_len=valid)
+        return o, jnp.mean(jnp.sum(aux["hard_keys"], axis=-1, dtype=jnp.float32))
+
+    return BenchCore(fn, (*qkv(spec), x, params))
+
+
 RECORD = Mechanism(
     name="labels",
     configs=(LabelAttentionConfig,),
@@ -82,4 +113,5 @@ RECORD = Mechanism(
     decoder=Decoder(decode.init_cache, decode.step),
     probe=label_probe,
     keys_per_query=label_keys,
+    bench={"labels": bench_core},
 )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn.decode import moba as decode
 from sparse_attn.diagnostics.probe import moba_probe
 from sparse_attn.mechanisms.common import sized
-from sparse_attn.modules.moba import MobaAttention, MobaAttentionConfig
-from sparse_attn.registry import Decoder, Mechanism, Preset
+from sparse_attn.modules.moba import MobaAttention, MobaAttentionConfig, moba_core, moba_selection, moba_stats
+from sparse_attn.registry import BenchCore, Decoder, Mechanism, Preset
+from sparse_attn.studies.bench import BenchSpec, qkv
 
 
 def moba_keys(cfg: MobaAttentionConfig, n: int, tokens_BxN=None) -> float:
@@ -31,6 +33,25 @@ def _budget(u: int, n: int, t: float) -> MobaAttentionConfig:
     return MobaAttentionConfig(block_size=u * unit, top_k=3, causal=True, tile=16 if unit == 16 else None)
 
 
+def bench_config(n: int, implementation: str | None = None, causal: bool = True) -> MobaAttentionConfig:
+    """MoBA as the benchmarks run it at length n: key blocks of n / 128 (>= 16), top-4 with the own block: causally
+    ~3.5 n / 128 keys a query, ~1/18 of causal dense's pairs."""
+    return MobaAttentionConfig(block_size=max(n // 128, 16), top_k=4, causal=causal, implementation=implementation)
+
+
+def bench_core(spec: BenchSpec) -> BenchCore:
+    """The gate's selection (no gradient) and attention over it, from q, k, v (`bench_config`)."""
+    cfg = bench_config(spec.n, spec.impl, spec.causal)
+    vl = jnp.full((spec.batch,), spec.n, jnp.int32)
+
+    def fn(q, k, v):
+        sel = moba_selection(q, k, cfg, causal=spec.causal, valid_len=vl)
+        o = moba_core(q, k, v, sel, cfg, causal=spec.causal, valid_len=vl)
+        return o, moba_stats(sel, spec.n, cfg, causal=spec.causal, valid_len=vl)["keys_per_query"] * spec.n
+
+    return BenchCore(fn, qkv(spec))
+
+
 RECORD = Mechanism(
     name="moba",
     configs=(MobaAttentionConfig,),
@@ -49,4 +70,5 @@ RECORD = Mechanism(
     decoder=Decoder(decode.init_cache, decode.step),
     probe=moba_probe,
     keys_per_query=moba_keys,
+    bench={"moba": bench_core},
 )

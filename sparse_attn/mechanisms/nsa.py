@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from sparse_attn.decode import nsa as decode
 from sparse_attn.modules.nsa import NsaAttention, NsaAttentionConfig
-from sparse_attn.registry import Decoder, Mechanism, Preset
+from sparse_attn.registry import BenchCore, Decoder, Mechanism, Preset
+from sparse_attn.studies.bench import BenchSpec, qkv
 
 
 def nsa_keys(cfg: NsaAttentionConfig, n: int, tokens_BxN=None) -> float:
@@ -44,6 +48,34 @@ def _runner(ctx) -> NsaAttentionConfig:
                               sink_blocks=0, recent_blocks=0, window=max(w // 2, 1), implementation=ctx.implementation)
 
 
+def bench_config(n: int, implementation: str | None = None, causal: bool = True) -> NsaAttentionConfig:
+    """NSA as the benchmarks run it at length n: compressed tokens every n / 128 (blocks twice that), selection
+    blocks of n / 256 (>= 16), top-4, a window of n / 256: causally ~1/23 of causal dense's pairs at 16384."""
+    d, small = max(n // 128, 1), max(n // 256, 16)
+    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=small, top_n=4, sink_blocks=0,
+                              recent_blocks=0, window=small, causal=causal, implementation=implementation)
+
+
+def bench_core(spec: BenchSpec) -> BenchCore:
+    """The three branches and their gated sum (`NsaAttention.core`, `bench_config`) from projected inputs: q, the
+    selection branch's k, v, then the compression and window branches' k, v, the gates and the compression MLPs'
+    parameters, all differentiated."""
+    cfg = bench_config(spec.n, spec.impl, spec.causal)
+    module = cfg.make(spec.heads * spec.head_dim, spec.heads, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(module, nnx.Param)
+    vl = jnp.full((spec.batch,), spec.n, jnp.int32)
+
+    def fn(q, k, v, kc, vc, kw, vw, gates, params):
+        o, stats = nnx.merge(graphdef, params).core(q, (kc, vc), (k, v), (kw, vw), gates, vl, causal=spec.causal)
+        return o, stats["keys_per_query"] * spec.n
+
+    keys = jax.random.split(jax.random.fold_in(spec.key, 1), 5)
+    more = [jax.random.normal(key, (spec.batch, spec.n, spec.heads, spec.head_dim), spec.dtype) for key in keys[:4]]
+    gates = jax.nn.sigmoid(jax.random.normal(keys[4], (spec.batch, spec.n, 3, spec.heads, 1))).astype(spec.dtype)
+    args = (*qkv(spec), *more, gates, params)
+    return BenchCore(fn, args, grad_argnums=tuple(range(len(args))))
+
+
 RECORD = Mechanism(
     name="nsa",
     configs=(NsaAttentionConfig,),
@@ -54,4 +86,5 @@ RECORD = Mechanism(
     },
     decoder=Decoder(decode.init_cache, decode.step),
     keys_per_query=nsa_keys,
+    bench={"nsa": bench_core},
 )

@@ -18,14 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.attention import attention
-from sparse_attn.modules.moba import MobaAttentionConfig
-from sparse_attn.modules.nsa import NsaAttentionConfig
+from sparse_attn.registry import BenchCore
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchSpec:
-    """One cell of the attention benchmark (`experiments.benchmarks.attention`): a mechanism's benchmark core
-    (`sparse_attn.registry.Mechanism.bench`) maps it to `(fn(q, k, v), (q, k, v), pattern)`."""
+    """One cell of a benchmark: a mechanism's benchmark core (`sparse_attn.registry.Mechanism.bench`) maps it to a
+    `sparse_attn.registry.BenchCore`. `radius`: the window a windowed pattern or router takes; `causal`: the causal
+    form where the mechanism has one; `impl`: the executor of the mechanism's pattern (None: the platform default)."""
 
     n: int
     batch: int
@@ -33,8 +33,9 @@ class BenchSpec:
     head_dim: int
     dtype: str
     radius: int
-    impl: str
+    impl: str | None
     key: jax.Array
+    causal: bool = False
 
 
 def qkv(spec: BenchSpec) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -43,29 +44,15 @@ def qkv(spec: BenchSpec) -> tuple[jax.Array, jax.Array, jax.Array]:
     return tuple(jax.random.normal(k, shape, jnp.dtype(spec.dtype)) for k in jax.random.split(spec.key, 3))
 
 
-def with_pattern(build: Callable[[BenchSpec], object]) -> Callable[[BenchSpec], tuple]:
+def with_pattern(build: Callable[[BenchSpec], object]) -> Callable[[BenchSpec], BenchCore]:
     """A benchmark core that runs `sparse_attn.attention` on the pattern `build(spec)` with the spec's executor."""
 
-    def core(spec: BenchSpec):
+    def core(spec: BenchSpec) -> BenchCore:
         pattern = build(spec)
-        fn = lambda q, k, v: attention(q, k, v, pattern, implementation=spec.impl)  # noqa: E731
-        return fn, qkv(spec), pattern
+        fn = lambda q, k, v: (attention(q, k, v, pattern, implementation=spec.impl), None)  # noqa: E731
+        return BenchCore(fn, qkv(spec), pattern)
 
     return core
-
-
-def moba_config(n: int, implementation: str | None = None) -> MobaAttentionConfig:
-    """MoBA as the timing scripts run it at length n (CPU benchmark, GPU check): key blocks of n / 128 (>= 16), top-4
-    with the own block, causal: ~3.5 n / 128 keys a query, ~1/18 of causal dense's pairs."""
-    return MobaAttentionConfig(block_size=max(n // 128, 16), top_k=4, causal=True, implementation=implementation)
-
-
-def nsa_config(n: int, implementation: str | None = None) -> NsaAttentionConfig:
-    """NSA as the timing scripts run it: compressed tokens every n / 128 (blocks twice that), selection blocks of
-    n / 256 (>= 16), top-4, a window of n / 256, causal: ~1/23 of causal dense's pairs at 16384."""
-    d, small = max(n // 128, 1), max(n // 256, 16)
-    return NsaAttentionConfig(compress_block=2 * d, compress_stride=d, select_block=small, top_n=4, sink_blocks=0,
-                              recent_blocks=0, window=small, causal=True, implementation=implementation)
 
 
 def time_fn(fn: Callable, *args, repeats: int = 5, warmup: int = 1) -> float:
@@ -86,15 +73,14 @@ def compiled_memory(jitted: Callable, *args) -> int:
     return int(mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
 
 
-def fwd_bwd(fn: Callable, num_args: int) -> Callable:
-    """Forward + backward of `sum(fn(*args) * ct)` w.r.t. every one of the first `num_args` args."""
+def fwd_bwd(fn: Callable, argnums: tuple[int, ...]) -> Callable:
+    """Forward + backward of `sum(fn(*args) * ct)` w.r.t. the args at `argnums` (called as `(*args, ct)`)."""
 
     def loss(*args):
-        out = fn(*args[:num_args])
-        ct = args[num_args]
-        return jnp.sum(out.astype(jnp.float32) * ct)
+        *args, ct = args
+        return jnp.sum(fn(*args).astype(jnp.float32) * ct)
 
-    return jax.grad(loss, argnums=tuple(range(num_args)))
+    return jax.grad(loss, argnums=argnums)
 
 
 @dataclasses.dataclass
@@ -112,12 +98,14 @@ class Row:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
-def measure(mechanism: str, impl: str, n: int, fn: Callable, args: tuple, *, repeats: int = 5, flops=None, extra=None):
-    """Times fn forward and forward+backward (w.r.t. all args) and reads its compiled memory (forward+backward)."""
+def measure(mechanism: str, impl: str, n: int, fn: Callable, args: tuple, *, repeats: int = 5, flops=None, extra=None,
+            grad_argnums: tuple[int, ...] | None = None):
+    """Times fn forward and forward+backward (w.r.t. the args at `grad_argnums`, default all) and reads its compiled
+    memory (forward+backward)."""
     fwd = jax.jit(fn)
     out = jax.eval_shape(fn, *args)
     ct = jnp.ones(out.shape, jnp.float32)
-    fb = jax.jit(fwd_bwd(fn, len(args)))
+    fb = jax.jit(fwd_bwd(fn, tuple(range(len(args))) if grad_argnums is None else grad_argnums))
     return Row(
         mechanism=mechanism,
         impl=impl,

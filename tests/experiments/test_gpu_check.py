@@ -45,8 +45,8 @@ def test_a_spent_budget_records_every_row_as_skipped(tmp_path):
     assert all(set(r) == SKIPPED and r["skipped"] == "time budget" for r in rows)
     names = {r["method"] for r in rows}
     kinds = ("cudnn_dense", "cudnn_causal", "ours_dense", "ours_window256", "ours_labels", "ours_abca256",
-             "ours_causal", "abca_core_default", "labels_core_default", "routing_core_default", "abca_core_pallas",
-             "labels_core_pallas", "check_causal", "check_bigbird", "check_longformer")  # fmt: skip
+             "ours_causal", "abca_core_default", "labels_core_default", "noncrossing_core_default",
+             "moba_core_default", "nsa_core_default", "abca_core_pallas", "labels_core_pallas", "check_causal", "check_bigbird", "check_longformer")  # fmt: skip
     assert set(kinds) <= names
     p = methods.plan(True, 0)
     assert len(rows) == len(measure.check_cases(p)) + sum(
