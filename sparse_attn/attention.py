@@ -113,12 +113,19 @@ def _check_inputs(q, k, v, pattern) -> None:
             raise ValueError(f"{axis} must be >= 1, got q shape {q.shape}, k/v shape {k.shape}")
     if k.shape != v.shape:
         raise ValueError(f"k {k.shape} and v {v.shape} must have the same shape")
-    if k.shape[0] != b or k.shape[1] != n or k.shape[3] != d:
-        raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch, length or head size")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k/v {k.shape} do not match q {q.shape} in batch or head size")
     if h % k.shape[2]:
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({k.shape[2]})")
     if pattern.num_tokens != n:
-        raise ValueError(f"pattern covers {pattern.num_tokens} tokens but q has {n}")
+        raise ValueError(f"pattern covers {pattern.num_tokens} queries but q has {n}")
+    kv_len = getattr(pattern, "num_kv_tokens", None)
+    if kv_len is None and k.shape[1] != n:
+        raise ValueError(f"k/v have {k.shape[1]} tokens and q {n}: a {type(pattern).__name__} covers equal query and "
+                         "key lengths; cross-attention takes a pattern built for (Nq, Nk), e.g. "
+                         "patterns.from_mask_fn(mask_fn, Nq, Nk)")  # fmt: skip
+    if kv_len is not None and k.shape[1] != kv_len:
+        raise ValueError(f"pattern covers {kv_len} keys but k/v have {k.shape[1]}")
     pattern.validate(batch=b, heads=h)
 
 
@@ -145,7 +152,9 @@ def attention(
 
     Args:
       q_BxNxHxD: queries [batch, length, query heads, head size].
-      k_BxNxGxD, v_BxNxGxD: keys and values with G KV heads (H % G == 0: grouped-query attention).
+      k_BxNxGxD, v_BxNxGxD: keys and values with G KV heads (H % G == 0: grouped-query attention); their length
+        is N, or the pattern's `num_kv_tokens` for a pattern built for (Nq, Nk) (`patterns.from_mask_fn`:
+        cross-attention, a prefill chunk against a longer cache).
       pattern: any registered pattern type over the N tokens (Intervals, BlockLayout, NeighbourList, and each
         mechanism's own: `patterns.abca.ZonePattern`, `patterns.labels.LabelPattern`), leading axes [B|1, H|1];
         or a `Prepared` one (`prepare`), which runs the executor it was prepared for with its options.

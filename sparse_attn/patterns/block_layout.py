@@ -122,10 +122,10 @@ class BlockLayout:
             partial, full = partial | full, jnp.zeros_like(full)
         nqb, nkb = partial.shape[-2:]
         cap = nkb if capacity is None else min(capacity, nkb)
-        kv_count, kv_idx, o1 = _compact(partial, cap)
-        full_count, full_idx, o2 = _compact(full, cap if split_full else 0)
-        q_count, q_idx, o3 = _compact(jnp.swapaxes(partial, -1, -2), nqb)
-        full_q_count, full_q_idx, o4 = _compact(jnp.swapaxes(full, -1, -2), nqb if split_full else 0)
+        kv_count, kv_idx, o1 = compact_flags(partial, cap)
+        full_count, full_idx, o2 = compact_flags(full, cap if split_full else 0)
+        q_count, q_idx, o3 = compact_flags(jnp.swapaxes(partial, -1, -2), nqb)
+        full_q_count, full_q_idx, o4 = compact_flags(jnp.swapaxes(full, -1, -2), nqb if split_full else 0)
         return cls(
             mask=mask,
             random_blocks=random_blocks,
@@ -144,7 +144,7 @@ class BlockLayout:
         )
 
 
-def _compact(flag_BxHxRxM: jax.Array, cap: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def compact_flags(flag_BxHxRxM: jax.Array, cap: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Indices of True entries, ascending, padded by repeating the last one (so padding re-reads a loaded block)."""
     count = jnp.sum(flag_BxHxRxM, axis=-1, dtype=jnp.int32)
     order = jnp.argsort(~flag_BxHxRxM, axis=-1, stable=True).astype(jnp.int32)[..., :cap]
