@@ -31,7 +31,7 @@ def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPatter
     # The key blocks of each (batch, head, query block): partial then full, padded slots marked dead.
     idx = jnp.concatenate([pattern.kv_idx, pattern.full_idx], axis=-1)  # [B', H', Qb, C]
     cp, cf = pattern.kv_idx.shape[-1], pattern.full_idx.shape[-1]
-    slot = jnp.arange(cp + cf, dtype=jnp.int32)
+    slot = jnp.arange(cp + cf, dtype=jnp.int32).reshape(1, 1, 1, -1)
     live = jnp.where(slot < cp, slot < pattern.kv_count[..., None], slot - cp < pattern.full_count[..., None])
     overflow = (pattern.kv_count > cp) | (pattern.full_count > cf)  # [B', H', Qb]: a capacity too small
     lead = (b, h)
@@ -54,8 +54,8 @@ def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPatter
     s = s + pqt[..., None, None] + pkt[:, :, :, None]
 
     # The predicate on every gathered tile (b, h at 0 where the mask does not depend on them).
-    q_pos = jnp.arange(nqb)[:, None] * bq + jnp.arange(bq)  # [Qb, bq]
-    k_pos = idx[..., None] * bk + jnp.arange(bk)  # [B, H, Qb, C, bk]
+    q_pos = jnp.arange(nqb)[:, None] * bq + jnp.arange(bq)[None, :]  # [Qb, bq]
+    k_pos = idx[..., None] * bk + jnp.arange(bk).reshape(1, 1, 1, 1, -1)  # [B, H, Qb, C, bk]
     b_ix = jnp.broadcast_to(jnp.arange(b)[:, None] if bsz > 1 else jnp.zeros((b, 1), jnp.int32), lead)
     h_ix = jnp.broadcast_to(jnp.arange(h)[None, :] if hsz > 1 else jnp.zeros((1, h), jnp.int32), lead)
 

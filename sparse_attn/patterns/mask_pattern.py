@@ -64,8 +64,10 @@ def trace_mask_fn(mask_fn: Callable) -> tuple[Predicate, tuple]:
     try:
         closed = jax.make_jaxpr(mask_fn)(i32, i32, i32, i32)
     except Exception as e:  # noqa: BLE001  (any failure to trace is the caller's predicate)
-        raise ValueError(f"mask_fn(b, h, q_idx, kv_idx) could not be traced on int32 scalar indices: "
-                         f"{type(e).__name__}: {e}") from e  # fmt: skip
+        hint = (" (index jnp arrays, not numpy ones, with the traced indices)"
+                if isinstance(e, jax.errors.TracerArrayConversionError) else "")  # fmt: skip
+        raise ValueError(f"mask_fn(b, h, q_idx, kv_idx) could not be traced on int32 scalar indices{hint}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0]}") from e  # fmt: skip
     outs = closed.jaxpr.outvars
     if len(outs) != 1:
         raise ValueError(f"mask_fn must return one bool array, got {len(outs)} outputs")
@@ -240,7 +242,7 @@ def _classify(predicate, buffers, bs: int, hs: int, q_len: int, kv_len: int, bq:
         m = m.reshape(bs, hs, bq, nkb, bk)
         m = m & k_ok[None, None, None] & q_ok[None, None, :, None, None]
         hit = jnp.any(m, axis=(2, 4))
-        every = jnp.all(m | ~q_ok[None, None, :, None, None], axis=(2, 4)) & jnp.all(k_ok, axis=-1)
+        every = jnp.all(m | ~q_ok[None, None, :, None, None], axis=(2, 4)) & jnp.all(k_ok, axis=-1)[None, None]
         return jnp.where(every & hit, FULL, jnp.where(hit, PARTIAL, EMPTY)).astype(jnp.int8)
 
     per_step = max(1, min(nqb, chunk // max(bs * hs * bq * nkb * bk, 1)))
