@@ -1,10 +1,10 @@
-"""A drop-in `attention_fn` for `flax.nnx.MultiHeadAttention`: `make_attention_fn(pattern, implementation=...)`
-returns a callable with `flax.nnx.dot_product_attention`'s signature that runs this library's executors through
-`sparse_attn.attention`.
+"""A drop-in `attention_fn` for `flax.nnx.MultiHeadAttention`: `make_attention_fn(pattern_or_mask_fn,
+implementation=...)` returns a callable with `flax.nnx.dot_product_attention`'s signature that runs this library's
+executors through `sparse_attn.attention`.
 
+    window = and_masks(causal_mask, sliding_window_mask(128))          # sparse_attn.patterns.mask_fns
     mha = nnx.MultiHeadAttention(num_heads=8, in_features=512, decode=False, rngs=nnx.Rngs(0),
-                                 attention_fn=sa.make_attention_fn(
-                                     lambda n: patterns.sliding_window(n, 128, causal=True)))
+                                 attention_fn=sa.make_attention_fn(window))
 
 A caller's dense `mask` / `bias` / `is_causal` that the pattern cannot carry go through `DenseBias`, a dense logit
 bias pattern (-inf where not allowed) that only the "reference" executor runs: O(N^2) per (batch, head), like the
@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 from flax.nnx.nn.dtypes import promote_dtype as _flax_promote_dtype
@@ -27,14 +29,15 @@ from sparse_attn.executors.prepared import Prepared
 from sparse_attn.patterns.baselines import dense as dense_pattern
 from sparse_attn.patterns.dense_bias import DenseBias
 from sparse_attn.patterns.intervals import Intervals
+from sparse_attn.patterns.mask_pattern import from_mask_fn, trace_mask_fn
 
 __all__ = ["make_attention_fn"]
 
 
-def _dense_lead(x, name: str, batch: tuple[int, ...], heads: int, n: int) -> jax.Array:
-    """A flax-style mask or bias, broadcastable to [batch..., heads, n, n], as [B|1, heads|1, n, n]."""
+def _dense_lead(x, name: str, batch: tuple[int, ...], heads: int, n: int, m: int) -> jax.Array:
+    """A flax-style mask or bias, broadcastable to [batch..., heads, n, m], as [B|1, heads|1, n, m]."""
     x = jnp.asarray(x)
-    target = (*batch, heads, n, n)
+    target = (*batch, heads, n, m)
     if x.ndim > len(target):
         raise ValueError(f"{name} must broadcast to [batch..., heads, q_len, kv_len] = {target}, got shape {x.shape}")
     x = x.reshape((1,) * (len(target) - x.ndim) + x.shape)
@@ -47,8 +50,24 @@ def _dense_lead(x, name: str, batch: tuple[int, ...], heads: int, n: int) -> jax
     lead = x.shape[: len(batch)]
     b = 1 if all(s == 1 for s in lead) else math.prod(batch)
     h = x.shape[-3]
-    x = jnp.broadcast_to(x, (*(lead if b == 1 else batch), h, n, n))
-    return x.reshape(b, h, n, n)
+    x = jnp.broadcast_to(x, (*(lead if b == 1 else batch), h, n, m))
+    return x.reshape(b, h, n, m)
+
+
+def _everywhere(b, h, q_idx, kv_idx):
+    del b, h, kv_idx
+    return q_idx >= 0
+
+
+def is_mask_fn(fn) -> bool:
+    """A callable of four positional parameters (b, h, q_idx, kv_idx) is a mask function; of one, a pattern
+    factory `n -> pattern`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    return len(positional) == 4
 
 
 def _pattern_bias(pattern) -> jax.Array:
@@ -58,16 +77,23 @@ def _pattern_bias(pattern) -> jax.Array:
     return jnp.where(pattern.to_dense(), 0.0, -jnp.inf).astype(jnp.float32)
 
 
-def make_attention_fn(pattern=None, *, implementation: str | None = None, **options) -> Callable[..., jax.Array]:
+def make_attention_fn(pattern_or_mask_fn=None, *, implementation: str | None = None,
+                      block_size: int | tuple[int, int] | None = None, **options) -> Callable[..., jax.Array]:
     """An `attention_fn` for `flax.nnx.MultiHeadAttention` (flax.nnx.dot_product_attention's signature) that runs
     `sparse_attn.attention(q, k, v, pattern, implementation=implementation, **options)`.
 
     Args:
-      pattern: the sparsity pattern over the sequence: None (dense attention, `patterns.dense(n)`), a pattern built
-        for the sequence length (any type `sparse_attn.attention` accepts, a `Prepared` one included), or a
-        callable `n -> pattern` called at trace time with the static length, so one fn serves every length (e.g.
-        `lambda n: patterns.sliding_window(n, 128, causal=True)`, or `patterns.causal` itself). Its leading axes
-        [B|1, H|1] are those of the flattened batch and the query heads.
+      pattern_or_mask_fn: the sparsity pattern: None (dense attention: `patterns.dense(n)`, or every key of a
+        cross-attention), a pattern built for
+        the lengths (any type `sparse_attn.attention` accepts, a `Prepared` one included), a callable
+        `n -> pattern` called at trace time with the static length, so one fn serves every length (e.g.
+        `lambda n: patterns.sliding_window(n, 128, causal=True)`, or `patterns.causal` itself), or a mask function
+        `mask_fn(b, h, q_idx, kv_idx) -> bool` (four positional parameters; `patterns.mask_fns`), turned into
+        `patterns.from_mask_fn(mask_fn, Nq, Nk, block_size=block_size)` on every call (for the flattened batch and
+        the query heads where it reads b or h): O(Nq Nk) predicate evaluations per call, so for long sequences
+        build the pattern once and pass it. Leading pattern axes [B|1, H|1] are those of the flattened batch and
+        the query heads.
+      block_size: the mask function's block size (`patterns.from_mask_fn`); unused otherwise.
       implementation: the executor, as in `sparse_attn.attention` (None: this platform's default for the pattern);
         checked against the pattern on every call, also on calls that run the dense route below.
       **options: executor options passed to `sparse_attn.attention` on the sparse route (e.g.
@@ -79,8 +105,9 @@ def make_attention_fn(pattern=None, *, implementation: str | None = None, **opti
     [batch..., N, H, D]. Decisions:
 
     * Leading batch dims are flattened to one axis B and restored; no batch dim at all is B = 1 (as in flax).
-    * Self-attention lengths only: query and key lengths must be equal (`decode=True` caches and cross-attention
-      are refused, naming both lengths); key and value must have the same shape (flax allows another value depth).
+    * Query and key lengths may differ (cross-attention) with a mask function or a pattern built for (Nq, Nk)
+      (`patterns.from_mask_fn`); other patterns need equal lengths (`decode=True` caches are refused, naming both
+      lengths; `is_causal` needs equal lengths); key and value must have the same shape.
     * `mask` (True or nonzero = attend, flax's convention, e.g. `nnx.make_causal_mask`'s float mask; broadcastable
       to [batch..., H|1, N|1, N]), `bias` (additive logits, same broadcasting; -inf excludes a pair) and
       `is_causal` are honoured exactly by intersecting them with the
@@ -142,25 +169,38 @@ def make_attention_fn(pattern=None, *, implementation: str | None = None, **opti
         if key.shape[:-3] != batch or value.shape[:-3] != batch:
             raise ValueError(f"q, k, v batch dims must match, got shapes {query.shape}, {key.shape}, {value.shape}")
         n, h, d = query.shape[-3:]
-        if key.shape[-3] != n or value.shape[-3] != n:
-            raise ValueError(
-                f"query length {n} and key length {key.shape[-3]} (value {value.shape[-3]}) must be equal: "
-                "make_attention_fn runs self-attention only (no cross-attention, no decode=True caches) for now"
-            )
+        m = key.shape[-3]
+        if value.shape[-3] != m:
+            raise ValueError(f"key length {m} and value length {value.shape[-3]} must be equal")
         b = math.prod(batch)
-        q, k, v = (x.reshape(b, n, *x.shape[-2:]) for x in (query, key, value))
+        q = query.reshape(b, n, *query.shape[-2:])
+        k, v = (x.reshape(b, m, *x.shape[-2:]) for x in (key, value))
 
-        pat = pattern(n) if callable(pattern) and not isinstance(pattern, Prepared) else pattern
-        pat = dense_pattern(n) if pat is None else pat
+        source = pattern_or_mask_fn
+        if callable(source) and is_mask_fn(source):
+            predicate = trace_mask_fn(source)[0]
+            pat = from_mask_fn(source, n, m, batch=b if predicate.reads_batch else None,
+                               heads=h if predicate.reads_heads else None, block_size=block_size)  # fmt: skip
+        elif callable(source) and not isinstance(source, Prepared):
+            pat = source(n)
+        else:
+            pat = source
+        if pat is None:  # dense: over the sequence, or every key of a cross-attention
+            pat = dense_pattern(n) if n == m else from_mask_fn(_everywhere, n, m, block_size=block_size)
         if is_causal and isinstance(pat, Intervals):  # exact on every executor: causality cuts every clause
             pat, is_causal = dataclasses.replace(pat, causal=True), False
         if not hasattr(pat, "num_tokens"):
-            raise ValueError(f"pattern must be None, a pattern or a callable n -> pattern, got {pat!r}")
-        if pat.num_tokens != n:
+            raise ValueError(f"pattern_or_mask_fn must be None, a pattern, a callable n -> pattern or a mask function "
+                             f"mask_fn(b, h, q_idx, kv_idx), got {pat!r}")  # fmt: skip
+        kv_tokens = getattr(pat.pattern if isinstance(pat, Prepared) else pat, "num_kv_tokens", pat.num_tokens)
+        if (pat.num_tokens, kv_tokens) != (n, m):
             raise ValueError(
-                f"the pattern covers {pat.num_tokens} tokens but the sequence has {n}: build it for this length, or "
-                "pass a callable n -> pattern"
+                f"the pattern covers {pat.num_tokens} queries and {kv_tokens} keys but the call has {n} and {m}: "
+                "build it for these lengths, or pass a callable n -> pattern or a mask function"
             )
+        if is_causal and n != m:
+            raise ValueError(f"is_causal with query length {n} != key length {m}: express the mask as a mask "
+                             "function instead")  # fmt: skip
         if not isinstance(pat, Prepared):
             resolve_implementation(pat, implementation)  # a bad name fails on every route
 
@@ -173,10 +213,10 @@ def make_attention_fn(pattern=None, *, implementation: str | None = None, **opti
         base.validate(batch=b, heads=h)
         logits = _pattern_bias(base)
         if mask is not None:
-            allowed = _dense_lead(mask, "mask", batch, h, n).astype(jnp.bool_)
+            allowed = _dense_lead(mask, "mask", batch, h, n, m).astype(jnp.bool_)
             logits = jnp.where(allowed, logits, -jnp.inf)
         if bias is not None:  # added on allowed pairs only: a NaN or inf bias on an excluded pair stays excluded
-            extra = _dense_lead(bias, "bias", batch, h, n).astype(jnp.float32)
+            extra = _dense_lead(bias, "bias", batch, h, n, m).astype(jnp.float32)
             logits = jnp.where(jnp.isneginf(logits), -jnp.inf, logits + extra)
         if is_causal:
             logits = jnp.where(jnp.tril(jnp.ones((1, 1, n, n), jnp.bool_)), logits, -jnp.inf)

@@ -19,19 +19,23 @@ class DenseBias:
     exactly: O(N^2) memory per (batch|1, head|1), run by the dense oracle "reference" only.
 
     Attributes:
-      bias: float32[B|1, H|1, N, N], -inf where not allowed. Differentiable.
+      bias: float32[B|1, H|1, Nq, Nk], -inf where not allowed. Differentiable.
     """
 
     bias: jax.Array
 
     @property
     def num_tokens(self) -> int:
+        return self.bias.shape[-2]
+
+    @property
+    def num_kv_tokens(self) -> int:
         return self.bias.shape[-1]
 
     def validate(self, batch: int | None = None, heads: int | None = None) -> DenseBias:
         b = self.bias
-        if b.ndim != 4 or b.shape[2] != b.shape[3] or not jnp.issubdtype(b.dtype, jnp.floating):
-            raise ValueError(f"DenseBias.bias must be float[B|1, H|1, N, N], got {b.dtype}{b.shape}")
+        if b.ndim != 4 or not jnp.issubdtype(b.dtype, jnp.floating):
+            raise ValueError(f"DenseBias.bias must be float[B|1, H|1, Nq, Nk], got {b.dtype}{b.shape}")
         common.check_lead("DenseBias.bias", b.shape, batch, heads)
         return self
 

@@ -45,6 +45,7 @@ def sliding_window_mask(radius: int) -> MaskFn:
         del b, h
         return jnp.abs(q_idx - kv_idx) <= radius
 
+    mask_fn.__name__ = "sliding_window_mask"
     return mask_fn
 
 
@@ -69,6 +70,7 @@ def document_mask(segment_ids_BxN, kv_segment_ids_BxM=None) -> MaskFn:
                              f"has q_len {q_len}, kv_len {kv_len} (cross-attention: pass kv_segment_ids)")
 
     mask_fn.check = check
+    mask_fn.__name__ = "document_mask"
     return mask_fn
 
 
@@ -82,6 +84,7 @@ def prefix_lm_mask(prefix_len_B) -> MaskFn:
         return (kv_idx <= q_idx) | (kv_idx < prefix[b])
 
     mask_fn.check = lambda batch, q_len, kv_len: _check_rows("prefix_lm_mask prefix_len", prefix.shape[0], batch)
+    mask_fn.__name__ = "prefix_lm_mask"
     return mask_fn
 
 
@@ -106,6 +109,7 @@ def padding_mask(valid_len_B, kv_valid_len_B=None) -> MaskFn:
                              f"{q_len} and {kv_len}")  # fmt: skip
 
     mask_fn.check = check
+    mask_fn.__name__ = "padding_mask"
     return mask_fn
 
 
@@ -126,6 +130,7 @@ def chunked_mask(chunk: int) -> MaskFn:
         del b, h
         return q_idx // chunk == kv_idx // chunk
 
+    mask_fn.__name__ = "chunked_mask"
     return mask_fn
 
 
@@ -140,6 +145,7 @@ def dilated_mask(dilation: int, radius: int) -> MaskFn:
         d = q_idx - kv_idx
         return (d % dilation == 0) & (jnp.abs(d) <= radius * dilation)
 
+    mask_fn.__name__ = "dilated_mask"
     return mask_fn
 
 

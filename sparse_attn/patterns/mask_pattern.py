@@ -20,7 +20,6 @@ from collections.abc import Callable
 import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
-import numpy as np
 
 from sparse_attn.patterns import common
 from sparse_attn.patterns.block_layout import compact_flags
@@ -35,11 +34,13 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 class Predicate:
     """A mask function's program: the jaxpr of `mask_fn(b, h, q_idx, kv_idx) -> bool` on int32 scalars, without its
     closed-over arrays (those are the pattern's buffers). Static pytree metadata: equal, and hashing equal, for the
-    same program text, whatever the buffers hold."""
+    same program text, whatever the buffers hold. `reads_batch` / `reads_heads`: whether it uses b / h at all."""
 
     def __init__(self, jaxpr, name: str):
         self.jaxpr, self.name = jaxpr, name
         self._key = str(jaxpr)
+        used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+        self.reads_batch, self.reads_heads = (id(jaxpr.invars[i]) in used for i in (0, 1))
 
     def __eq__(self, other):
         return isinstance(other, Predicate) and self._key == other._key
@@ -184,7 +185,8 @@ def from_mask_fn(
     Args:
       mask_fn: any jnp-traceable predicate of int32 indices (`patterns.mask_fns` has ready-made ones and
         `and_masks` / `or_masks`); the arrays it closes over become the pattern's buffers.
-      batch, heads: the batch and head counts the mask depends on (None: it does not; evaluated at b = 0 / h = 0).
+      batch, heads: the batch and head counts the mask depends on (None: it does not, and a predicate that reads b
+        or h is refused; 1: evaluated at b = 0 / h = 0 for every row or head).
       block_size: the block (both sides, or (block_q, block_k)); default min(128, length). A block larger than its
         length is refused; lengths need not be multiples of it.
       capacity: static widths of the (partial, full) key-block lists per query block (an int for both). Default:
@@ -209,6 +211,10 @@ def from_mask_fn(
     if check is not None:  # the ready-made predicates check their arrays against the sizes
         check(batch, q_len, kv_len)
     predicate, buffers = trace_mask_fn(mask_fn)
+    for reads, given, what in ((predicate.reads_batch, batch, "batch row b: pass batch=B (batch=1: b = 0 for every row)"),
+                               (predicate.reads_heads, heads, "head h: pass heads=H (heads=1: h = 0 for every head)")):
+        if reads and given is None:  # evaluating it at 0 for every row would be silently wrong
+            raise ValueError(f"mask_fn ({predicate.name}) depends on the {what}")
     bs, hs = batch or 1, heads or 1
     state = _classify(predicate, buffers, bs, hs, q_len, kv_len, bq, bk, chunk_elements)
     partial, full = state == PARTIAL, state == FULL

@@ -10,6 +10,7 @@ from flax import nnx
 
 import sparse_attn as sa
 from sparse_attn import patterns as P
+from sparse_attn.patterns import mask_fns
 from sparse_attn.kernels import BlockSizes, KernelConfig
 
 B, N, F, H = 2, 16, 32, 4  # head size D = F / H = 8
@@ -90,6 +91,37 @@ def test_sliding_window_pattern_matches_its_dense_mask(impl):
     assert_same(value_and_grads(mha(fn), x, ct, None, one), value_and_grads(mha(), x, ct, window, one))
 
 
+@pytest.mark.parametrize("impl", ["reference", "xla"])
+def test_mask_function_matches_its_dense_mask(impl):
+    """A mask function (a causal window) against flax's default given the same window as a numpy mask."""
+    x, ct = inputs(1)
+    window = mask_fns.and_masks(mask_fns.causal_mask, mask_fns.sliding_window_mask(3))
+    fn = sa.make_attention_fn(window, implementation=impl, block_size=4)
+    i, j = np.arange(N)[:, None], np.arange(N)[None]
+    dense = jnp.asarray(np.broadcast_to((j <= i) & (j >= i - 3), (B, 1, N, N)))
+    one = jnp.ones((B, N, 1))
+    assert_same(value_and_grads(mha(fn), x, ct, None, one), value_and_grads(mha(), x, ct, dense, one))
+
+
+def test_cross_attention_matches_flax():
+    """Queries of 16 tokens over 8 context tokens: dense (None), and a per-row key padding as a mask function
+    (it reads b: built for the flattened batch) against flax's default with the same dense mask."""
+    x, ctx = inputs(5)
+    ctx = ctx[:, :8]
+    lengths = jnp.asarray([8, 5])
+
+    @nnx.jit
+    def run(model, mask):
+        return model(x, ctx, mask=mask)
+
+    np.testing.assert_allclose(np.asarray(run(mha(sa.make_attention_fn()), None)), np.asarray(run(mha(), None)),
+                               atol=2e-5, rtol=2e-5)  # fmt: skip
+    keys = lambda b, h, q_idx, kv_idx: kv_idx < lengths[b]  # noqa: E731
+    dense = jnp.asarray(np.arange(8)[None, None, None] < np.asarray(lengths)[:, None, None, None])
+    np.testing.assert_allclose(np.asarray(run(mha(sa.make_attention_fn(keys, block_size=4)), None)),
+                               np.asarray(run(mha(), jnp.broadcast_to(dense, (B, 1, N, 8)))), atol=2e-5, rtol=2e-5)
+
+
 def test_fully_masked_rows_give_zero_and_the_other_rows_match():
     """Flax's default gives a fully masked row the mean of V; ours 0 (zero gradients). The rows with a key, and the
     parameter gradients of a loss over them, equal flax's."""
@@ -158,12 +190,14 @@ def test_refusals_name_the_argument():
     with pytest.raises(ValueError, match=r"dropout_rate=0.1 with deterministic=False"):
         dropout(x, deterministic=False, rngs=nnx.Rngs(dropout=1))
     assert dropout(x, deterministic=True).shape == x.shape  # no dropout to apply: runs
-    with pytest.raises(ValueError, match=r"query length 16 and key length 8 .*self-attention only"):
-        mha(fn)(x, x[:, :8])
     with pytest.raises(ValueError, match=r"module is not None .*sow_weights"):
         mha(fn)(x, sow_weights=True)
-    with pytest.raises(ValueError, match=r"pattern covers 8 tokens but the sequence has 16"):
+    with pytest.raises(ValueError, match=r"pattern covers 8 queries and 8 keys but the call has 16 and 16"):
         mha(sa.make_attention_fn(P.causal(8)))(x)
+    with pytest.raises(ValueError, match=r"covers 16 queries and 16 keys but the call has 16 and 8"):
+        mha(sa.make_attention_fn(lambda n: P.causal(n)))(x, x[:, :8])
+    with pytest.raises(ValueError, match=r"is_causal with query length 16 != key length 8"):
+        fn(jnp.ones((1, N, H, 8)), jnp.ones((1, 8, H, 8)), jnp.ones((1, 8, H, 8)), is_causal=True)
     with pytest.raises(ValueError, match=r"implementation must be None or one of"):
         mha(sa.make_attention_fn(implementation="nope"))(x, mask=masks("causal")[:1])
     with pytest.raises(ValueError, match=r"mask must broadcast to \[batch..., heads, q_len, kv_len\]"):

@@ -142,7 +142,7 @@ def test_a_pattern_built_under_jit_from_traced_buffers_never_retraces():
     for shift in range(3):
         docs = (ids + shift) // 2
         out = run(jnp.asarray(docs), q, k, v)
-        mask = numpy_mask(lambda b, h, i, j: (j <= i) & (docs[b, i] == docs[b, j]), 1, 1, 16, 16)
+        mask = numpy_mask(lambda b, h, i, j, docs=docs: (j <= i) & (docs[b, i] == docs[b, j]), 1, 1, 16, 16)
         want = attention64(q, k, v, mask, 8**-0.5, np.zeros((1, 16, 1, 8)))[0]
         np.testing.assert_allclose(np.asarray(out), want, atol=1e-5)
     assert len(traces) == 1
