@@ -1,6 +1,6 @@
 """sparse_attn: structured sparse attention in JAX/Flax."""
 
-from sparse_attn import patterns
+from sparse_attn import patterns, score_fns
 from sparse_attn.attention import (
     Prepared,
     attention,
@@ -26,6 +26,7 @@ __all__ = [
     "prepare",
     "register_executor",
     "resolve_implementation",
+    "score_fns",
 ]
 __version__ = "0.1.0"
 

@@ -129,6 +129,22 @@ def _check_inputs(q, k, v, pattern) -> None:
     pattern.validate(batch=b, heads=h)
 
 
+def check_score_fn(score_fn) -> None:
+    """ValueError unless `score_fn(score, b, h, q_idx, kv_idx)` maps a float32 score and int32 indices to one float
+    score (checked on scalars before anything is traced)."""
+    if not callable(score_fn):
+        raise ValueError(f"score_fn must be callable as score_fn(score, b, h, q_idx, kv_idx), got {score_fn!r}")
+    f32, i32 = jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32)
+    try:
+        out = jax.eval_shape(score_fn, f32, i32, i32, i32, i32)
+    except Exception as e:  # noqa: BLE001  (any failure to trace is the caller's function)
+        raise ValueError(f"score_fn(score, b, h, q_idx, kv_idx) could not be traced on scalars: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0]}") from e  # fmt: skip
+    if not hasattr(out, "shape") or out.shape != () or not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ValueError(f"score_fn must return one float score per (score, b, h, q_idx, kv_idx): on scalars it "
+                         f"returned {jax.tree.map(lambda x: f'{x.dtype}{x.shape}', out)}")  # fmt: skip
+
+
 def _empty_batch(q, fn, args, options):
     """B = 0: empty outputs without running an executor (kernels cannot launch an empty grid)."""
     inspect.signature(fn).bind(*args, **options)  # a bad option fails as it would with B > 0
@@ -146,6 +162,7 @@ def attention(
     scale: float | None = None,
     return_lse: bool = False,
     return_aux: bool = False,
+    score_fn=None,
     **options,
 ):
     """Sparse attention of q over the (k, v) pairs a pattern allows.
@@ -166,6 +183,12 @@ def attention(
       return_lse: also return the float32 log-sum-exp [B, N, H] (-inf on rows with no allowed key).
       return_aux: also return the executor's diagnostics dict (last), e.g. "bucketed"'s per-query `keys` and band
         `overflow`; `{}` for an executor that reports none (`register_executor(..., aux=True)`).
+      score_fn: None, or `score_fn(score, b, h, q_idx, kv_idx) -> score` applied to the scaled float32 logits
+        before the softmax (FlexAttention's `score_mod`; `sparse_attn.score_fns` has softcap, ALiBi and a
+        T5-style relative bias): written elementwise with jnp ops, it receives int32 index arrays that broadcast
+        against the logits. Gradients flow into the arrays it closes over. Masking stays the pattern's: a masked
+        key stays masked, an empty row gives 0. With a score function `implementation=None` picks an executor that
+        applies one ("xla", "reference"; `executors.registry.takes_scores`).
       **options: executor options (e.g. `block` for "xla", `config` for "pallas").
 
     Returns:
@@ -174,7 +197,10 @@ def attention(
     """
     if isinstance(pattern, Prepared):
         pattern, implementation, options = _unwrap(pattern, implementation, options, q_BxNxHxD.shape[-1])
-    name = registry.resolve(pattern, implementation)
+    if score_fn is not None:
+        check_score_fn(score_fn)
+        options = dict(options, score_fn=score_fn)
+    name = registry.resolve(pattern, implementation, scores=score_fn is not None)
     fn = registry.lookup(type(pattern), name)
     _check_inputs(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern)
     scale = 1.0 / math.sqrt(q_BxNxHxD.shape[-1]) if scale is None else scale

@@ -11,6 +11,7 @@ RANK = {
     "patterns": 0,
     "data": 0,
     "rope": 0,
+    "score_fns": 0,  # ready-made score functions: jnp only
     "kernels": 1,  # the Pallas kernels: below every executor, "pallas" included (executors/pallas.py)
     "executors": 2,
     "attention": 3,

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
-from sparse_attn.executors.softmax import masked_softmax_parts, sanitize, zero_empty_rows
+from sparse_attn.executors.softmax import apply_score_fn, masked_softmax_parts, sanitize, zero_empty_rows
 from sparse_attn.patterns.mask_pattern import MaskFnPattern, tile_mask
 
 
@@ -19,8 +19,9 @@ def _blocks(x_BxNxGxD, block: int, count: int):
     return x.reshape(b, count, block, g, d)
 
 
-def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPattern, scale: float):
-    """(out [B, Nq, H, D], lse [B, Nq, H]); memory O(B H Nq C block_k D) for C listed key blocks per query block."""
+def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPattern, scale: float, score_fn=None):
+    """(out [B, Nq, H, D], lse [B, Nq, H]); memory O(B H Nq C block_k D) for C listed key blocks per query block;
+    `score_fn` on the gathered scaled logits (`softmax.apply_score_fn`)."""
     b, nq, h, d = q_BxNxHxD.shape
     g = k_BxMxGxD.shape[2]
     bq, bk = pattern.block_q, pattern.block_k
@@ -51,11 +52,13 @@ def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPatter
     qt = _blocks(q, bq, nqb).transpose(0, 3, 1, 2, 4)  # [B, H, Qb, bq, D]
     pqt = _blocks(poison_q[..., None], bq, nqb)[..., 0].transpose(0, 3, 1, 2)  # [B, H, Qb, bq]
     s = jnp.einsum("bhqid,bhqcjd->bhqicj", qt, kt, preferred_element_type=jnp.float32) * scale
+    q_pos = jnp.arange(nqb)[:, None] * bq + jnp.arange(bq)[None, :]  # [Qb, bq]
+    k_pos = idx[..., None] * bk + jnp.arange(bk).reshape(1, 1, 1, 1, -1)  # [B, H, Qb, C, bk]
+    s = apply_score_fn(score_fn, s, jnp.arange(b).reshape(-1, 1, 1, 1, 1, 1), jnp.arange(h).reshape(1, -1, 1, 1, 1, 1),
+                       q_pos.reshape(1, 1, nqb, bq, 1, 1), k_pos[:, :, :, None], nq, pattern.kv_len)  # fmt: skip
     s = s + pqt[..., None, None] + pkt[:, :, :, None]
 
     # The predicate on every gathered tile (b, h at 0 where the mask does not depend on them).
-    q_pos = jnp.arange(nqb)[:, None] * bq + jnp.arange(bq)[None, :]  # [Qb, bq]
-    k_pos = idx[..., None] * bk + jnp.arange(bk).reshape(1, 1, 1, 1, -1)  # [B, H, Qb, C, bk]
     b_ix = jnp.broadcast_to(jnp.arange(b)[:, None] if bsz > 1 else jnp.zeros((b, 1), jnp.int32), lead)
     h_ix = jnp.broadcast_to(jnp.arange(h)[None, :] if hsz > 1 else jnp.zeros((1, h), jnp.int32), lead)
 
@@ -81,4 +84,4 @@ def mask_fn_xla_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPatter
     return zero_empty_rows(out, lse).astype(q_BxNxHxD.dtype), lse
 
 
-registry.register_executor(MaskFnPattern, "xla", mask_fn_xla_attention, default_on=("cpu", "gpu", "tpu"))
+registry.register_executor(MaskFnPattern, "xla", mask_fn_xla_attention, default_on=("cpu", "gpu", "tpu"), scores=True)

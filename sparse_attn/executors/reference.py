@@ -5,27 +5,29 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
-from sparse_attn.executors.softmax import masked_softmax, sanitize, zero_empty_rows
+from sparse_attn.executors.softmax import apply_score_fn, masked_softmax, sanitize, zero_empty_rows
 from sparse_attn.patterns.dense_bias import DenseBias
 from sparse_attn.patterns.intervals import Intervals
 
 
-def reference_attention(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float):
-    """Returns (out[B, N, H, D], lse[B, N, H]); O(N^2) memory, for tests and small problems.
+def reference_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern, scale: float, score_fn=None):
+    """Returns (out[B, N, H, D], lse[B, N, H]); O(N M) memory, for tests and small problems.
 
     Runs any pattern with `to_dense()`; a pattern with `dense_bias()` (additive logit bias, -inf where masked,
-    e.g. `NeighbourList`) is run with that bias instead.
+    e.g. `NeighbourList`) is run with that bias instead, added after `score_fn` (`softmax.apply_score_fn`).
 
     Non-finite values reach only the rows that may attend them (`softmax.sanitize`; docs/architecture.md).
     """
     b, n, h, d = q_BxNxHxD.shape
-    g = k_BxNxGxD.shape[2]
+    g, m = k_BxMxGxD.shape[2], k_BxMxGxD.shape[1]
     q, poison_q_BxNxH = sanitize(q_BxNxHxD)
-    k, v, poison_kv_BxNxG = sanitize(k_BxNxGxD, v_BxNxGxD)
+    k, v, poison_kv_BxNxG = sanitize(k_BxMxGxD, v_BxMxGxD)
     k = jnp.repeat(k, h // g, axis=2)
     v = jnp.repeat(v, h // g, axis=2)
     poison_kv = jnp.repeat(poison_kv_BxNxG, h // g, axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    idx = lambda size, axis: jnp.arange(size, dtype=jnp.int32).reshape([-1 if i == axis else 1 for i in range(4)])  # noqa: E731
+    s = apply_score_fn(score_fn, s, idx(b, 0), idx(h, 1), idx(n, 2), idx(m, 3), n, m)
     s = s + jnp.swapaxes(poison_q_BxNxH, 1, 2)[..., None] + jnp.swapaxes(poison_kv, 1, 2)[:, :, None, :]
     if hasattr(pattern, "dense_bias"):
         bias = pattern.dense_bias()

@@ -16,6 +16,11 @@ An executor that sees more than its output (the label executor's per-query key c
 with `aux=True` and returns `(out, lse, aux)`, `aux` a dict of arrays; `attention(..., return_aux=True)` hands it on
 (an empty dict for the others), so a module can read its executor's diagnostics without bypassing the registry.
 
+An executor that applies a score function (`attention(..., score_fn=)`: `score_fn(score, b, h, q_idx, kv_idx)` on
+the scaled logits before the softmax) registers with `scores=True` and receives it as `fn(..., score_fn=...)`
+("reference" always does); with a score function, `implementation=None` resolves to the platform's default if it
+takes one, else to the first registered executor that does.
+
 An executor may also register `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree of arrays built
 from the pattern alone: tile lists, token metadata, slot layouts). `sparse_attn.prepare` calls it once, and the
 executor then receives the result as `fn(..., prepared=metadata)` instead of rebuilding it (docs/architecture.md,
@@ -41,6 +46,7 @@ class _Entries:
     # (platform, name, predicate of the pattern): conditional defaults, tried before `defaults`, newest first
     rules: list[tuple[str, str, Callable]] = dataclasses.field(default_factory=list)
     with_aux: set[str] = dataclasses.field(default_factory=set)  # names returning (out, lse, aux)
+    with_scores: set[str] = dataclasses.field(default_factory=lambda: {"reference"})  # names taking score_fn=
 
 
 _TABLE: dict[type, _Entries] = {}
@@ -62,6 +68,7 @@ def register_executor(
     default_on: tuple[str, ...] | str = (),
     prepare: Callable | None = None,
     aux: bool = False,
+    scores: bool = False,
 ) -> None:
     """Registers `fn` as implementation `name` for `pattern_type` (replacing an earlier one of that name).
 
@@ -73,6 +80,7 @@ def register_executor(
       prepare: optional `prepare(pattern, *, head_dim, **options) -> metadata` (a pytree); `fn` must then accept
         `prepared=metadata` (None: build it itself).
       aux: `fn` returns a third value, a dict of diagnostics arrays (`attention(..., return_aux=True)`).
+      scores: `fn` takes `score_fn=` (a score function or None) and applies it to the scaled logits before masking.
     """
     if not isinstance(pattern_type, type):
         raise ValueError(f"pattern_type must be a class, got {pattern_type!r}")
@@ -90,6 +98,10 @@ def register_executor(
     entries.with_aux.discard(name)
     if aux:
         entries.with_aux.add(name)
+    if name != "reference":
+        entries.with_scores.discard(name)
+    if scores:
+        entries.with_scores.add(name)
     if prepare is not None:
         if not callable(prepare):
             raise ValueError(f"prepare must be callable or None, got {prepare!r}")
@@ -159,14 +171,30 @@ def default(pattern_type: type, platform: str, pattern=None) -> str:
     return next((n for n in entries.fns if n != "reference"), "reference")
 
 
-def resolve(pattern, implementation: str | None = None, platform: str | None = None) -> str:
+def resolve(pattern, implementation: str | None = None, platform: str | None = None, *, scores: bool = False) -> str:
     """The executor name `attention(..., pattern, implementation=...)` runs: `implementation` itself (checked:
     ValueError naming what can run the pattern), or for None this platform's default for the pattern (`default`;
-    platform None: JAX's default backend)."""
+    platform None: JAX's default backend). `scores=True` (a score function is given): an executor that takes one
+    (for None: the default if it does, else the first registered that does; an explicit name that does not is
+    refused, naming those that do)."""
     if implementation is None:
-        return default(type(pattern), platform or jax.default_backend(), pattern)
+        name = default(type(pattern), platform or jax.default_backend(), pattern)
+        if scores and not takes_scores(type(pattern), name):
+            entries = _entries(type(pattern))
+            name = next((n for n in entries.fns if n != "reference" and n in entries.with_scores), "reference")
+        return name
     lookup(type(pattern), implementation)
+    if scores and not takes_scores(type(pattern), implementation):
+        able = sorted(_entries(type(pattern)).with_scores & set(_entries(type(pattern)).fns))
+        raise ValueError(f"implementation {implementation!r} of {type(pattern).__name__} patterns applies no score "
+                         f"function; score_fn runs on {able}")  # fmt: skip
     return implementation
+
+
+def takes_scores(pattern_type: type, name: str) -> bool:
+    """Whether executor `name` applies a score function (`score_fn=`)."""
+    lookup(pattern_type, name)
+    return name in _entries(pattern_type).with_scores
 
 
 def counterpart(pattern, implementation: str | None, platform: str | None = None) -> str:

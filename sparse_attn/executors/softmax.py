@@ -55,6 +55,22 @@ def range_any(flag_BxNxG, lo_BxN, hi_BxN):
     return (lo_BxN <= hi_BxN)[..., None] & (at(hi_BxN + 1) > at(lo_BxN))
 
 
+def apply_score_fn(score_fn, s_f32: jax.Array, b, h, q_idx, kv_idx, q_len: int, kv_len: int) -> jax.Array:
+    """`score_fn(score, b, h, q_idx, kv_idx)` on the scaled float32 logits (None: s unchanged). The int32 index
+    arrays broadcast against s; positions outside [0, len) (block padding) are clamped into it, so the function's
+    gathers stay in range (those pairs are masked afterwards: a score function never turns a masked key back on).
+    ValueError if the result does not keep s's shape."""
+    if score_fn is None:
+        return s_f32
+    q_idx = jnp.clip(q_idx, 0, q_len - 1).astype(jnp.int32)
+    kv_idx = jnp.clip(kv_idx, 0, kv_len - 1).astype(jnp.int32)
+    out = jnp.asarray(score_fn(s_f32, jnp.asarray(b, jnp.int32), jnp.asarray(h, jnp.int32), q_idx, kv_idx))
+    if out.shape != s_f32.shape or not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ValueError(f"score_fn must return float scores of the logits' shape {s_f32.shape}, got "
+                         f"{out.dtype}{out.shape}")  # fmt: skip
+    return out.astype(jnp.float32)
+
+
 def masked_softmax_parts(s_f32: jax.Array, allowed: jax.Array, axis: int = -1):
     """(e, denom, lse): unnormalised weights, the row sums to divide by (1 on empty rows), and log-sum-exp.
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.executors import registry
-from sparse_attn.executors.softmax import masked_softmax_parts, sanitize, zero_empty_rows
+from sparse_attn.executors.softmax import apply_score_fn, masked_softmax_parts, sanitize, zero_empty_rows
 from sparse_attn.patterns.block_layout import BlockLayout
 from sparse_attn.patterns.common import take_tokens
 from sparse_attn.patterns.intervals import Intervals
@@ -58,9 +58,11 @@ def prepare_xla(pattern, *, head_dim=None, block: int | None = None) -> XlaMeta 
 
 
 def xla_attention(
-    q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, block: int | None = None, prepared=None
+    q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, *, block: int | None = None, prepared=None,
+    score_fn=None,
 ):
-    """Returns (out[B, N, H, D], lse[B, N, H]); `prepared`: `prepare_xla`'s metadata (None: built here).
+    """Returns (out[B, N, H, D], lse[B, N, H]); `prepared`: `prepare_xla`'s metadata (None: built here); `score_fn`
+    on the gathered scaled logits (`softmax.apply_score_fn`).
 
     Only sanitised q/k/v enter the einsums; per-token poison terms on the logits send a non-finite value to exactly
     the rows that may attend it (`softmax.sanitize`).
@@ -69,16 +71,16 @@ def xla_attention(
     k, v, poison_kv = sanitize(k_BxNxGxD, v_BxNxGxD)
     poisons = (poison_q, poison_kv)
     if isinstance(pattern, NeighbourList):
-        out, lse = _neighbour_attention(q, k, v, poisons, pattern, scale)
+        out, lse = _neighbour_attention(q, k, v, poisons, pattern, scale, score_fn)
         return zero_empty_rows(out, lse), lse
     meta = prepared if prepared is not None else prepare_xla(pattern)
     layout = pattern if isinstance(pattern, BlockLayout) else None
     mask = pattern if layout is None else pattern.mask
     n = q.shape[1]
     blk = layout.block_q if layout is not None else min(block or DEFAULT_BLOCK, n)
-    out, lse = _band_attention(q, k, v, poisons, mask, layout, blk, scale, meta)
+    out, lse = _band_attention(q, k, v, poisons, mask, layout, blk, scale, meta, score_fn)
     if mask.global_tokens is not None:
-        out, lse = _global_rows(q, k, v, poisons, pattern, scale, out, lse, meta.global_pos)
+        out, lse = _global_rows(q, k, v, poisons, pattern, scale, out, lse, meta.global_pos, score_fn)
     return zero_empty_rows(out, lse), lse
 
 
@@ -110,7 +112,8 @@ def _allowed(mask: Intervals, layout: BlockLayout | None, q_pos, k_pos):
     return mask.allowed(q_pos, k_pos) if layout is None else layout.allowed(q_pos, k_pos)
 
 
-def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float, meta):
+def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | None, blk: int, scale: float, meta,
+                    score_fn=None):
     b, n, h, d = q.shape
     g = k.shape[2]
     nb = math.ceil(n / blk)
@@ -135,7 +138,7 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
         start = (jnp.arange(nb, dtype=jnp.int32) - first) * blk
         k_pos = (start[:, None] + jnp.arange(width * blk, dtype=jnp.int32)[None]).reshape(1, 1, nb, width * blk)
         in_band = (start, start + width * blk)
-    parts_k, parts_v, parts_p, parts_ok = [kb], [vb], [pb], []
+    parts_k, parts_v, parts_p, parts_ok, parts_pos = [kb], [vb], [pb], [], [k_pos]
     ok = _allowed(mask, layout, q_pos, k_pos) & ((k_pos >= 0) & (k_pos < n))[..., None, :]
     parts_ok.append(ok)
 
@@ -151,6 +154,7 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
         parts_v.append(jnp.broadcast_to(gv, (b, g, nb) + gv.shape[3:]))
         parts_p.append(jnp.broadcast_to(gp, (b, g, nb) + gp.shape[3:]))
         parts_ok.append(ok)
+        parts_pos.append(pos)
     if in_band is not None and layout is not None and layout.random_blocks is not None and layout.max_random:
         # Random blocks outside the band (BigBird): gathered per query block from the layout's lists.
         ridx, cnt = meta.random_idx, meta.random_count  # [B', Qb, R], [B', Qb]
@@ -167,8 +171,15 @@ def _band_attention(q, k, v, poisons, mask: Intervals, layout: BlockLayout | Non
         parts_v.append(rv)
         parts_p.append(rp)
         parts_ok.append(ok)
+        parts_pos.append(pos)
 
     s = jnp.concatenate([_scores(q_, x) for x in parts_k], axis=-1) * scale
+    if score_fn is not None:  # [B, G, R, Qb, bq, K] logits: head h = g * R + r, key positions per part
+        lead = jnp.broadcast_shapes(*(x.shape[:1] for x in parts_pos))
+        k_all = jnp.concatenate([jnp.broadcast_to(x, lead + x.shape[1:]) for x in parts_pos], axis=-1)
+        s = apply_score_fn(score_fn, s, jnp.arange(b).reshape(-1, 1, 1, 1, 1, 1),
+                           jnp.arange(h).reshape(1, g, h // g, 1, 1, 1), q_pos.reshape(1, 1, 1, nb, blk, 1),
+                           k_all[:, :, None, :, None, :], n, n)  # fmt: skip
     pk = jnp.concatenate(parts_p, axis=-2)[..., 0]  # [B, G, Qb|1, K]
     s = s + pq_[..., None] + pk[:, :, None, :, None, :]
     lead = jnp.broadcast_shapes(*(o.shape[:2] for o in parts_ok))
@@ -262,7 +273,7 @@ def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNx
     return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH, rows)
 
 
-def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=None):
+def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=None, score_fn=None):
     """Global query rows attend every key: a small dense pass over at most `max_global` rows per sequence."""
     b, n, h, d = q.shape
     g = k.shape[2]
@@ -272,6 +283,8 @@ def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=No
     rows = jnp.broadcast_to(rows_BpxM, (b, mask.max_global))  # [B, M]
     qg = _take_rows(q, rows).reshape(b, -1, g, h // g, d)
     s = jnp.einsum("bmgrd,bkgd->bgrmk", qg, k, preferred_element_type=jnp.float32) * scale
+    s = apply_score_fn(score_fn, s, jnp.arange(b).reshape(-1, 1, 1, 1, 1), jnp.arange(h).reshape(1, g, h // g, 1, 1),
+                       rows.reshape(b, 1, 1, -1, 1), jnp.arange(n).reshape(1, 1, 1, 1, n), n, n)  # fmt: skip
     poison_q, poison_kv = poisons
     pq = _take_rows(poison_q[..., None], rows)[..., 0].reshape(b, -1, g, h // g).transpose(0, 2, 3, 1)  # [B,G,R,M]
     s = s + pq[..., None] + poison_kv.transpose(0, 2, 1)[:, :, None, None, :]
@@ -288,7 +301,7 @@ def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=No
     return out, lse
 
 
-def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
+def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float, score_fn=None):
     b, n, h, d = q.shape
     g = k.shape[2]
     q_ = q.reshape(b, n, g, h // g, d).transpose(0, 2, 3, 1, 4)  # [B, G, R, N, D]
@@ -303,6 +316,8 @@ def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
     else:
         s = jnp.einsum("bgrnd,bgrnkd->bgrnk", q_, kg, preferred_element_type=jnp.float32)
     s = s * scale
+    s = apply_score_fn(score_fn, s, jnp.arange(b).reshape(-1, 1, 1, 1, 1), jnp.arange(h).reshape(1, g, h // g, 1, 1),
+                       jnp.arange(n).reshape(1, 1, 1, n, 1), idx, n, n)  # fmt: skip
     poison_q, poison_kv = poisons
     s = s + poison_q.reshape(b, n, g, h // g).transpose(0, 2, 3, 1)[..., None]
     s = s + poison_kv.transpose(0, 2, 1)[bi, gi, idx]
@@ -317,6 +332,6 @@ def _neighbour_attention(q, k, v, poisons, nl: NeighbourList, scale: float):
     return out.astype(q.dtype), lse.transpose(0, 3, 1, 2).reshape(b, n, h)
 
 
-registry.register_executor(Intervals, "xla", xla_attention, default_on="cpu", prepare=prepare_xla)
-registry.register_executor(BlockLayout, "xla", xla_attention, default_on="cpu", prepare=prepare_xla)
-registry.register_executor(NeighbourList, "xla", xla_attention, default_on=("cpu", "gpu", "tpu"))
+registry.register_executor(Intervals, "xla", xla_attention, default_on="cpu", prepare=prepare_xla, scores=True)
+registry.register_executor(BlockLayout, "xla", xla_attention, default_on="cpu", prepare=prepare_xla, scores=True)
+registry.register_executor(NeighbourList, "xla", xla_attention, default_on=("cpu", "gpu", "tpu"), scores=True)
