@@ -77,10 +77,10 @@ def _pattern_bias(pattern) -> jax.Array:
     return jnp.where(pattern.to_dense(), 0.0, -jnp.inf).astype(jnp.float32)
 
 
-def make_attention_fn(pattern_or_mask_fn=None, *, implementation: str | None = None,
+def make_attention_fn(pattern_or_mask_fn=None, *, score_fn=None, implementation: str | None = None,
                       block_size: int | tuple[int, int] | None = None, **options) -> Callable[..., jax.Array]:
     """An `attention_fn` for `flax.nnx.MultiHeadAttention` (flax.nnx.dot_product_attention's signature) that runs
-    `sparse_attn.attention(q, k, v, pattern, implementation=implementation, **options)`.
+    `sparse_attn.attention(q, k, v, pattern, score_fn=score_fn, implementation=implementation, **options)`.
 
     Args:
       pattern_or_mask_fn: the sparsity pattern: None (dense attention: `patterns.dense(n)`, or every key of a
@@ -93,6 +93,8 @@ def make_attention_fn(pattern_or_mask_fn=None, *, implementation: str | None = N
         the query heads where it reads b or h): O(Nq Nk) predicate evaluations per call, so for long sequences
         build the pattern once and pass it. Leading pattern axes [B|1, H|1] are those of the flattened batch and
         the query heads.
+      score_fn: None, or `score_fn(score, b, h, q_idx, kv_idx) -> score` on the scaled logits (`sparse_attn.attention`,
+        `sparse_attn.score_fns`), on both routes below; a caller's `bias` is added after it.
       block_size: the mask function's block size (`patterns.from_mask_fn`); unused otherwise.
       implementation: the executor, as in `sparse_attn.attention` (None: this platform's default for the pattern);
         checked against the pattern on every call, also on calls that run the dense route below.
@@ -205,7 +207,7 @@ def make_attention_fn(pattern_or_mask_fn=None, *, implementation: str | None = N
             resolve_implementation(pat, implementation)  # a bad name fails on every route
 
         if mask is None and bias is None and not is_causal:
-            out = attention(q, k, v, pat, implementation=implementation, **options)
+            out = attention(q, k, v, pat, implementation=implementation, score_fn=score_fn, **options)
             return out.reshape(query.shape)
 
         # The dense route: the pattern intersected with the mask, bias and causality as one dense logit bias.
@@ -220,7 +222,7 @@ def make_attention_fn(pattern_or_mask_fn=None, *, implementation: str | None = N
             logits = jnp.where(jnp.isneginf(logits), -jnp.inf, logits + extra)
         if is_causal:
             logits = jnp.where(jnp.tril(jnp.ones((1, 1, n, n), jnp.bool_)), logits, -jnp.inf)
-        out = attention(q, k, v, DenseBias(logits), implementation="reference")
+        out = attention(q, k, v, DenseBias(logits), implementation="reference", score_fn=score_fn)
         return out.reshape(query.shape)
 
     return attention_fn

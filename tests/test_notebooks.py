@@ -17,7 +17,7 @@ from nbclient import NotebookClient
 
 NOTEBOOK_DIR = pathlib.Path(__file__).parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-EXPECTED = {"quickstart", "abca", "labels", "noncrossing", "train_checkpoint_evaluate"}
+EXPECTED = {"quickstart", "abca", "labels", "noncrossing", "train_checkpoint_evaluate", "bring_your_own_model"}
 CELL_TIMEOUT_S = 300  # a hung cell fails the test instead of the CI job
 
 

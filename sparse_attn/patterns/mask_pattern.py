@@ -20,6 +20,7 @@ from collections.abc import Callable
 import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
+import numpy as np
 
 from sparse_attn.patterns import common
 from sparse_attn.patterns.block_layout import compact_flags
@@ -137,8 +138,8 @@ class MaskFnPattern:
     def validate(self, batch: int | None = None, heads: int | None = None) -> MaskFnPattern:
         common.check_lead("MaskFnPattern (the batch/heads it was built for)", self.block_state.shape, batch, heads)
         if common.is_concrete(self.kv_count, self.full_count):
-            over = int(jnp.sum(jnp.maximum(self.kv_count - self.kv_idx.shape[-1], 0))
-                       + jnp.sum(jnp.maximum(self.full_count - self.full_idx.shape[-1], 0)))  # fmt: skip
+            over = int(np.sum(np.maximum(common.host(self.kv_count) - self.kv_idx.shape[-1], 0))
+                       + np.sum(np.maximum(common.host(self.full_count) - self.full_idx.shape[-1], 0)))  # fmt: skip
             if over:
                 raise ValueError(f"MaskFnPattern: {over} key blocks exceed the list capacity (from_mask_fn(..., "
                                  f"capacity=...) too small: widths {self.kv_idx.shape[-1]}, "
@@ -221,7 +222,8 @@ def from_mask_fn(
     nkb = state.shape[-1]
     if capacity is None:
         if common.is_concrete(state):
-            widths = (int(jnp.max(jnp.sum(partial, -1))), int(jnp.max(jnp.sum(full, -1))))
+            host = common.host(state)
+            widths = (int(np.max(np.sum(host == PARTIAL, -1))), int(np.max(np.sum(host == FULL, -1))))
         else:
             widths = (nkb, nkb)
     else:
