@@ -3,8 +3,9 @@
 Command (CPU):
   python -m experiments.benchmarks.mask_fn --build-n 4096 16384 131072 --n 16384
 
-Part 1, build: `from_mask_fn(and_masks(causal_mask, sliding_window_mask(r)), n, n)` against
-`patterns.sliding_window(n, r, causal=True)` (both jitted, median wall time after a warm-up call; compile time
+Part 1, build: `from_mask_fn(and_masks(causal_mask, sliding_window_mask(r)), n, n)` (blocks classified by interval
+bounds, and with `exhaustive=True` by evaluating every index pair) against `patterns.sliding_window(n, r,
+causal=True)` (all jitted, median wall time after a warm-up call; compile time
 apart) and the build's compiled peak memory (XLA memory analysis: temp + arguments + outputs; about 2 chunks), checked to stay below
 an n x n bool array (n^2 bytes) wherever n^2 exceeds 4 classification chunks (`mask_pattern.CHUNK_ELEMENTS`): the
 classification holds one chunk of predicate values at a time.
@@ -48,8 +49,10 @@ def build_rows(ns, radius: int, repeats: int) -> list[dict]:
     rows = []
     window = M.and_masks(M.causal_mask, M.sliding_window_mask(radius))
     for n in ns:
+        cap = (2 + radius // 128, 1)
         for name, build in (
-            ("from_mask_fn", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=(2 + radius // 128, 1))),
+            ("from_mask_fn", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap)),
+            ("from_mask_fn exhaustive", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap, exhaustive=True)),
             ("sliding_window", lambda n=n: patterns.sliding_window(n, radius, causal=True)),
         ):
             row = dict(kind=name, n=n, **_timed_build(build, repeats))
@@ -57,7 +60,7 @@ def build_rows(ns, radius: int, repeats: int) -> list[dict]:
             if n * n > 4 * CHUNK_ELEMENTS and row["peak_bytes"] >= n * n:
                 raise SystemExit(f"{name} at n={n} compiled to {row['peak_bytes']} bytes >= n^2: an n x n mask")
             rows.append(row)
-            print(f"  build {name:15s} n={n:7d} {row['build_s'] * 1e3:10.2f} ms  compile {row['compile_s']:.1f} s  "
+            print(f"  build {name:24s} n={n:7d} {row['build_s'] * 1e3:10.2f} ms  compile {row['compile_s']:.1f} s  "
                   f"peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)  # fmt: skip
     return rows
 

@@ -14,6 +14,7 @@ the listed blocks only and apply the predicate element-wise on partial ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.patterns import common
+from sparse_attn.patterns import common, mask_bounds
 from sparse_attn.patterns.block_layout import compact_flags
 
 DEFAULT_BLOCK = 128
@@ -179,6 +180,7 @@ def from_mask_fn(
     heads: int | None = None,
     block_size: int | tuple[int, int] | None = None,
     capacity: int | tuple[int, int] | None = None,
+    exhaustive: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> MaskFnPattern:
     """The block-sparse pattern of `mask_fn(b, h, q_idx, kv_idx) -> bool` over queries [0, q_len), keys [0, kv_len).
@@ -193,10 +195,15 @@ def from_mask_fn(
       capacity: static widths of the (partial, full) key-block lists per query block (an int for both). Default:
         the exact maxima when the buffers are concrete; when they are traced (built under jit), every key block,
         which makes the executors as costly as dense: pass the widths your masks need there.
-      chunk_elements: predicate evaluations per classification step (peak memory in bytes, about).
+      exhaustive: classify by evaluating the predicate on every index pair (exact: a PARTIAL block has both allowed
+        and excluded pairs) instead of by interval bounds.
+      chunk_elements: predicate evaluations per exhaustive classification step (peak memory about twice this many
+        bytes).
 
-    The classification evaluates the predicate on all B' H' Nq Nk index pairs, chunk by chunk (time O(Nq Nk), memory
-    O(chunk_elements + B' H' Qb Kb)).
+    Blocks are classified from interval bounds of the predicate over each block's index ranges
+    (`patterns.mask_bounds`: O(B' H' Qb Kb) time and memory; a block it cannot decide is PARTIAL, which costs time,
+    never correctness), or, for a predicate those rules do not cover or with `exhaustive`, by evaluating it on all
+    B' H' Nq Nk index pairs chunk by chunk (time O(Nq Nk), memory O(chunk_elements + B' H' Qb Kb)).
     """
     q_len = common.static_int("q_len", q_len, low=1)
     kv_len = common.static_int("kv_len", kv_len, low=1)
@@ -217,7 +224,10 @@ def from_mask_fn(
         if reads and given is None:  # evaluating it at 0 for every row would be silently wrong
             raise ValueError(f"mask_fn ({predicate.name}) depends on the {what}")
     bs, hs = batch or 1, heads or 1
-    state = _classify(predicate, buffers, bs, hs, q_len, kv_len, bq, bk, chunk_elements)
+    sizes = (bs, hs, q_len, kv_len, bq, bk)
+    state = None if exhaustive else _bounds(predicate, buffers, *sizes)
+    if state is None:
+        state = _exhaustive(predicate, buffers, *sizes, chunk_elements)
     partial, full = state == PARTIAL, state == FULL
     nkb = state.shape[-1]
     if capacity is None:
@@ -236,8 +246,13 @@ def from_mask_fn(
                          block_k=bk)  # fmt: skip
 
 
-def _classify(predicate, buffers, bs: int, hs: int, q_len: int, kv_len: int, bq: int, bk: int, chunk: int):
-    """int8[B', H', Qb, Kb] block states, a chunk of query blocks at a time."""
+# Jitted (inlined under an outer jit): one compilation per predicate program and sizes, whatever the buffers hold.
+_bounds = jax.jit(mask_bounds.block_states, static_argnums=(0, 2, 3, 4, 5, 6, 7))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 3, 4, 5, 6, 7, 8))
+def _exhaustive(predicate, buffers, bs: int, hs: int, q_len: int, kv_len: int, bq: int, bk: int, chunk: int):
+    """int8[B', H', Qb, Kb] block states from every index pair, a chunk of query blocks at a time."""
     nqb, nkb = math.ceil(q_len / bq), math.ceil(kv_len / bk)
     k = jnp.arange(nkb * bk, dtype=jnp.int32)
     k_ok = (k < kv_len).reshape(nkb, bk)
