@@ -48,8 +48,8 @@ def _timed_build(build, repeats: int) -> dict:
 def build_rows(ns, radius: int, repeats: int) -> list[dict]:
     rows = []
     window = M.and_masks(M.causal_mask, M.sliding_window_mask(radius))
+    cap = (2 + radius // 128, 1)
     for n in ns:
-        cap = (2 + radius // 128, 1)
         for name, build in (
             ("from_mask_fn", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap)),
             ("from_mask_fn exhaustive", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap, exhaustive=True)),
