@@ -3,12 +3,13 @@
 Command (CPU):
   python -m experiments.benchmarks.mask_fn --build-n 4096 16384 131072 --n 16384
 
-Part 1, build: `from_mask_fn(and_masks(causal_mask, sliding_window_mask(r)), n, n)` (blocks classified by interval
-bounds, and with `exhaustive=True` by evaluating every index pair) against `patterns.sliding_window(n, r,
-causal=True)` (all jitted, median wall time after a warm-up call; compile time
-apart) and the build's compiled peak memory (XLA memory analysis: temp + arguments + outputs; about 2 chunks), checked to stay below
-an n x n bool array (n^2 bytes) wherever n^2 exceeds 4 classification chunks (`mask_pattern.CHUNK_ELEMENTS`): the
-classification holds one chunk of predicate values at a time.
+Part 1, build, all jitted (median wall time after a warm-up call; compile time apart):
+`from_mask_fn(and_masks(causal_mask, sliding_window_mask(r)), n, n)` with blocks classified by interval bounds, and
+with `exhaustive=True` by evaluating every index pair; `patterns.sliding_window(n, r, causal=True)` (O(n) per-token
+bounds, no block lists) and its 128-token block lists (`BlockLayout.from_intervals`: the work `from_mask_fn` does).
+Peak memory is the build's compiled memory (XLA memory analysis: temp + arguments + outputs), checked to stay below
+an n x n bool array (n^2 bytes) wherever n^2 exceeds 4 exhaustive-classification chunks
+(`mask_pattern.CHUNK_ELEMENTS`, about 2 of which are live at once).
 Part 2, fwd+bwd at `--n` on the "xla" executor, side by side in one run: the causal window, causal and document
 masks as mask functions and as hand-built `Intervals` (`sliding_window`, `causal`, `document_mask`), and dense
 causal `jax.nn.dot_product_attention`; speedups and memory ratios against dense.
@@ -54,13 +55,15 @@ def build_rows(ns, radius: int, repeats: int) -> list[dict]:
             ("from_mask_fn", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap)),
             ("from_mask_fn exhaustive", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap, exhaustive=True)),
             ("sliding_window", lambda n=n: patterns.sliding_window(n, radius, causal=True)),
+            ("sliding_window + BlockLayout", lambda n=n: patterns.BlockLayout.from_intervals(
+                patterns.sliding_window(n, radius, causal=True), 128, 128, capacity=cap[0])),
         ):
             row = dict(kind=name, n=n, **_timed_build(build, repeats))
             # Below 4 chunks the chunk itself may exceed n^2 (nothing to check there).
             if n * n > 4 * CHUNK_ELEMENTS and row["peak_bytes"] >= n * n:
                 raise SystemExit(f"{name} at n={n} compiled to {row['peak_bytes']} bytes >= n^2: an n x n mask")
             rows.append(row)
-            print(f"  build {name:24s} n={n:7d} {row['build_s'] * 1e3:10.2f} ms  compile {row['compile_s']:.1f} s  "
+            print(f"  build {name:28s} n={n:7d} {row['build_s'] * 1e3:10.2f} ms  compile {row['compile_s']:.1f} s  "
                   f"peak {row['peak_bytes'] / 2**20:8.1f} MiB", flush=True)  # fmt: skip
     return rows
 
