@@ -134,3 +134,25 @@ def test_none_picks_an_executor_that_applies_scores_and_bad_input_is_refused():
         S.softcap(0)
     with pytest.raises(ValueError, match="table must be"):
         S.relative_position_bias(jnp.ones(8))
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_mask_and_score_functions_lower_for_accelerators(platform):
+    """A document mask built from traced ids inside the function, a learned T5 bias and a softcap, forward and
+    backward (the bias table's gradient included), exported for a GPU and a TPU without the hardware."""
+    from sparse_attn.patterns.mask_fns import and_masks, causal_mask, document_mask
+
+    def loss_and_grads(q, k, v, ids, table):
+        def loss(q, k, v, table):
+            pattern = P.from_mask_fn(and_masks(causal_mask, document_mask(ids)), N, N, batch=B, block_size=8,
+                                     capacity=(3, 3))
+            out = sa.attention(q, k, v, pattern, score_fn=score_fn(table))
+            return jnp.sum(out.astype(jnp.float32))
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, table)
+
+    sds = jax.ShapeDtypeStruct
+    args = (sds((B, N, H, D), jnp.bfloat16), sds((B, N, G, D), jnp.bfloat16), sds((B, N, G, D), jnp.bfloat16),
+            sds((B, N), jnp.int32), sds((H, BUCKETS), jnp.float32))
+    exported = jax.export.export(jax.jit(loss_and_grads), platforms=[platform])(*args)
+    assert exported.platforms == (platform,) and len(exported.out_avals) == 5
