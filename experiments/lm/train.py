@@ -22,6 +22,7 @@ Writes: the workdir: metrics.jsonl, checkpoints/, summary.json, loss_curves.png.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -47,10 +48,11 @@ from sparse_attn.train import train_and_evaluate as train_loop
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
 
-def train_and_evaluate(config: LMConfig, workdir: str, log=print, allowed_changes=()) -> dict:
+def train_and_evaluate(config: LMConfig, workdir: str, log=print, allowed_changes=(), profile_steps=None) -> dict:
     """Train (or resume) in `workdir`; write metrics, `summary.json` and `loss_curves.png`.
 
     `allowed_changes`: config paths (fnmatch patterns) a resume may change, e.g. `train.num_steps`.
+    `profile_steps`: (a, b), a `jax.profiler` trace of steps a to b in `<workdir>/profile` (docs/training.md).
     """
     tc = config.train
     corpus = config.data.load()
@@ -66,6 +68,7 @@ def train_and_evaluate(config: LMConfig, workdir: str, log=print, allowed_change
         experiment={"model": config.model, "data": config.data, "corpus": corpus_fingerprint(corpus)},
         allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
         log=log,
+        profile_steps=profile_steps,
     )
     summary["corpus"] = corpus.summary()
     if jax.process_index() == 0:
@@ -111,6 +114,17 @@ def print_summary(summary: dict) -> None:
     print("\n".join(["== summary =="] + lines))
 
 
+def _step_range(text: str) -> tuple[int, int]:
+    """"A:B" -> (A, B) with 0 <= A < B."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B (two step numbers), got {text!r}") from None
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError(f"expected 0 <= A < B, got {text!r}")
+    return a, b
+
+
 @cli.entry_point
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
@@ -126,6 +140,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--coordinator", help="multi-host: host:port of process 0, or 'auto'")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
+    parser.add_argument("--profile_steps", type=_step_range, metavar="A:B",
+                        help="write a jax.profiler trace of steps A to B to <workdir>/profile (docs/training.md)")
     args = parser.parse_args(argv)
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
@@ -138,7 +154,8 @@ def main(argv=None) -> dict:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
     if args.text:
         config = dataclasses.replace(config, data=TextSource(path=args.text))
-    summary = train_and_evaluate(config, args.workdir, allowed_changes=args.allow_change)
+    summary = train_and_evaluate(config, args.workdir, allowed_changes=args.allow_change,
+                                 profile_steps=args.profile_steps)
     if jax.process_index() == 0:
         print_summary(summary)
     return summary

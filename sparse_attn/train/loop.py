@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparse_attn.train import checkpoint, guard, reporting, run_config, workdir_lock
+from sparse_attn.train import checkpoint, guard, profiler, reporting, run_config, workdir_lock
 from sparse_attn.train import mesh as mesh_lib
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
@@ -83,6 +83,7 @@ def train_and_evaluate(
     allowed_changes: Collection[str] = (),
     log: Callable[[str], None] = print,
     warm_start: Callable[[nnx.Module], None] | None = None,
+    profile_steps: tuple[int, int] | None = None,
 ) -> dict:
     """Train to `config.num_steps` (resuming from `workdir` if it holds a checkpoint).
 
@@ -104,10 +105,18 @@ def train_and_evaluate(
         place before step 0, e.g. a supervised pre-fit of a router; the optimizer state starts from its result.
         It must be deterministic: a run that stops before its first checkpoint runs it again. Record what it
         does in `experiment`, so that a resume under a different warm start is refused.
+      profile_steps: (a, b): a `jax.profiler` trace of the steps that take the step counter from a to b, written
+        to `<workdir>/profile` (TensorBoard's profile plugin or Perfetto read it; docs/training.md). The trace
+        starts after the compile and stops once step b's results are on the host; a run that resumes past a
+        traces nothing.
     Returns:
       A summary: steps, parameter count, memory, last train metrics, final eval metrics.
     """
     t_start = time.perf_counter()
+    if profile_steps is not None:
+        a, b = profile_steps
+        if not (isinstance(a, int) and isinstance(b, int) and 0 <= a < b):
+            raise ValueError(f"profile_steps must be (a, b) with 0 <= a < b, got {profile_steps!r}")
     is_main = jax.process_index() == 0
     info = (lambda msg: log(msg)) if is_main else (lambda msg: None)
     tokens_per_batch = tokens_per_batch or config.global_batch * config.seq_len
@@ -212,6 +221,7 @@ def train_and_evaluate(
 
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
+        tracing = False
         # SIGTERM only for a single process: processes stopping at different steps would hang in collectives.
         interrupt = DeferredInterrupt(signals=(signal.SIGINT, signal.SIGTERM) if jax.process_count() == 1
                                       else (signal.SIGINT,))
@@ -232,9 +242,13 @@ def train_and_evaluate(
             while step < config.num_steps and interrupt.requested is None:
                 if batch is None:
                     batch = mesh_lib.shard_batch(next(train_iter), mesh)
+                if profile_steps is not None and step == profile_steps[0]:
+                    tracing = profiler.start(workdir, step, info)
                 state, metrics = compiled(state, batch)
                 batch = None
                 step += 1
+                if tracing and step == profile_steps[1]:
+                    tracing = profiler.stop((state, metrics), step, info)
                 pending.append((step, metrics))
                 checkpoint.raise_if_save_failed(manager)  # a failed background save stops the run now
                 # Metrics of step t-1 are read after step t is dispatched: the device stays busy.
@@ -263,6 +277,8 @@ def train_and_evaluate(
                 info(str(stop))
                 raise stop
         finally:
+            if tracing:  # an interrupted or failing run still closes its trace
+                profiler.stop(None, step, info)
             interrupt.restore()
             if progress is not None:
                 progress.close()

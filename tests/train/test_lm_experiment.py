@@ -1,5 +1,6 @@
 """The LM experiment's real entry point: train, exact resume (RoPE on), config checks, summary, PNG, metrics."""
 
+import argparse
 import dataclasses
 import json
 import os
@@ -33,10 +34,20 @@ def _micro(tmp_path) -> lm_configs.LMConfig:
     )
 
 
+def test_profile_steps_are_two_ordered_step_numbers():
+    assert lm._step_range("2:5") == (2, 5)
+    for bad in ("5:2", "3", "a:b", "-1:2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="A:B|0 <= A < B"):
+            lm._step_range(bad)
+
+
 def test_train_resume_summary_and_plot(tmp_path, capsys):
     config = _micro(tmp_path)
     workdir = str(tmp_path / "run")
-    reference = lm.train_and_evaluate(config, str(tmp_path / "ref"), log=lambda m: None)
+    # The reference run also writes a profiler trace of steps 1 to 3 (tracing changes no result).
+    reference = lm.train_and_evaluate(config, str(tmp_path / "ref"), log=lambda m: None, profile_steps=(1, 3))
+    traces = [f for _, _, files in os.walk(tmp_path / "ref" / "profile") for f in files if f.endswith(".xplane.pb")]
+    assert traces, "no jax.profiler trace under <workdir>/profile"
     short = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=2))
     lm.train_and_evaluate(short, workdir, log=lambda m: None)
     # Resumes at step 2 (a longer schedule than the checkpoint's, so named explicitly).
