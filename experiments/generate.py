@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from sparse_attn.decode import LMDecoder
+from sparse_attn.decode.sampling import check_sampling
 from sparse_attn.studies import cli
 from sparse_attn.studies.restore import CheckpointError, restore
 
@@ -39,11 +40,12 @@ def generate(workdir: str, prompt: str, num_tokens: int, *, step: int | None = N
              stream=None, echo_prompt: bool = False, log=None) -> dict:
     """Sample `num_tokens` bytes after `prompt`; `stream` (a text file) receives them as they are drawn (after the
     prompt itself with `echo_prompt`, once the checkpoint is restored)."""
+    check_sampling(temperature, top_k, top_p)  # the arguments first: nothing is restored for a bad call
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     run = restore(workdir, step)
     if run.kind != "lm":
         raise CheckpointError(f"{workdir!r} is a {run.kind} run; generation needs a causal LM run")
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     tokens = encode(prompt)
     max_len = tokens.shape[1] + num_tokens if max_len is None else max_len
     decoder = LMDecoder(run.model, batch=1, max_len=max_len, step=run.step)

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sparse_attn.modules.base import (
@@ -16,6 +17,7 @@ from sparse_attn.modules.base import (
     attn_flops_vs_dense,
 )
 from sparse_attn.modules.pattern_attention import DenseAttention
+from sparse_attn.patterns import common
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,6 +101,25 @@ class Block(nnx.Module):
         return x, att
 
 
+def checked_inputs(tokens_BxN, valid_len_B, vocab_size: int) -> tuple[jax.Array, bool]:
+    """(valid_len int32[B], whether the token ids were checked on the host). Token ids must be integers, and within
+    [0, vocab) where concrete; `valid_len` an integer [B] within [0, N] (never truncated or wrapped)."""
+    if tokens_BxN.ndim != 2 or not jnp.issubdtype(tokens_BxN.dtype, jnp.integer):
+        raise ValueError(f"tokens must be integers [B, N], got {tokens_BxN.dtype}{tokens_BxN.shape}")
+    b, n = tokens_BxN.shape
+    known = common.is_concrete(tokens_BxN)
+    if known and tokens_BxN.size:
+        low, high = int(np.min(common.host(tokens_BxN))), int(np.max(common.host(tokens_BxN)))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"token ids must lie in [0, {vocab_size}) (the vocabulary), got ids in [{low}, {high}]")
+    if valid_len_B is None:
+        return jnp.full((b,), n, jnp.int32), known
+    valid_len = common.valid_len_array(valid_len_B, n)
+    if valid_len.shape[0] != b:
+        raise ValueError(f"valid_len has {valid_len.shape[0]} rows but tokens have batch {b}")
+    return valid_len, known
+
+
 class _Trunk(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -107,23 +128,26 @@ class _Trunk(nnx.Module):
         self.norm = nnx.RMSNorm(config.model_dim, rngs=rngs)
 
     def trunk(self, tokens_BxN, valid_len_B, step, causal: bool, embeddings=None):
-        b, n = tokens_BxN.shape
-        if not jnp.issubdtype(tokens_BxN.dtype, jnp.integer):
-            raise ValueError(f"tokens must be integers, got {tokens_BxN.dtype}")
-        valid_len = jnp.full((b,), n, jnp.int32) if valid_len_B is None else jnp.asarray(valid_len_B, jnp.int32)
+        valid_len, known = checked_inputs(tokens_BxN, valid_len_B, self.config.vocab_size)
         ctx = AttentionContext(
             valid_len=valid_len, tokens=tokens_BxN, step=jnp.asarray(step, jnp.int32), causal=causal
         )
-        x = self.embed(tokens_BxN) if embeddings is None else embeddings
+        if embeddings is None:
+            x = self.embed(tokens_BxN)
+            if not known:  # traced ids out of [0, vocab) turn their rows NaN (the loss guard stops on it)
+                ok = (tokens_BxN >= 0) & (tokens_BxN < self.config.vocab_size)
+                x = jnp.where(ok[..., None], x, jnp.nan)
+        else:
+            x = embeddings
         aux = jnp.zeros((), jnp.float32)
         stats = {}
-        shared = shared_per_config(self.config, n, ctx)
+        shared = shared_per_config(self.config, tokens_BxN.shape[1], ctx)
         for i, (block, attention) in enumerate(zip(self.blocks, self.config.layer_attention(), strict=True)):
             x, att = block(x, dataclasses.replace(ctx, shared=shared.get(attention)))
             for val in att.aux_losses.values():
                 aux = aux + val
             stats.update(layer_stats(i, attention, att, ctx))
-        return self.norm(x), aux, stats
+        return self.norm(x), aux, stats, valid_len
 
 
 class TransformerLM(_Trunk):
@@ -135,7 +159,7 @@ class TransformerLM(_Trunk):
 
     def __call__(self, tokens_BxN, *, valid_len=None, step=0, embeddings=None) -> ModelOutput:
         """`embeddings` [B, N, D] replaces the token embeddings (tests differentiate through them)."""
-        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=True, embeddings=embeddings)
+        h, aux, stats, _ = self.trunk(tokens_BxN, valid_len, step, causal=True, embeddings=embeddings)
         return ModelOutput(logits=self.head(h), aux_loss=aux, stats=stats)
 
 
@@ -147,9 +171,8 @@ class TransformerClassifier(_Trunk):
         self.head = nnx.Linear(config.model_dim, config.num_classes, rngs=rngs)
 
     def __call__(self, tokens_BxN, *, valid_len=None, step=0) -> ModelOutput:
-        h, aux, stats = self.trunk(tokens_BxN, valid_len, step, causal=False)
+        h, aux, stats, vl = self.trunk(tokens_BxN, valid_len, step, causal=False)
         n = tokens_BxN.shape[1]
-        vl = jnp.full((h.shape[0],), n) if valid_len is None else jnp.asarray(valid_len)
         w_BxN = (jnp.arange(n)[None] < vl[:, None]).astype(h.dtype)
         pooled = jnp.einsum("bn,bnd->bd", w_BxN, h) / jnp.maximum(w_BxN.sum(-1, keepdims=True), 1.0)
         return ModelOutput(logits=self.head(pooled), aux_loss=aux, stats=stats)

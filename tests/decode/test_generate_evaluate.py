@@ -122,3 +122,14 @@ def test_retrieval_runs_restore_as_causal_lms():
 
     assert run_kind({"task_name": "passkey", "task": {"_type": "Passkey"}}) == "retrieval"
     assert run_kind({"task_name": "listops", "task": {"_type": "ListOps"}}) == "classify"
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "nan"), ("--temperature", "-1"), ("--top_p", "nan"),
+                                        ("--top_k", "0")])
+def test_bad_sampling_arguments_fail_before_any_restore(flag, value, tmp_path, capsys):
+    """One line naming the argument, exit status 2, though the work directory does not even exist."""
+    with pytest.raises(SystemExit) as info:
+        generate.main(["--workdir", str(tmp_path / "nothing"), flag, value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert flag.lstrip("-") in err and "nothing" not in err, err

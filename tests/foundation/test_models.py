@@ -116,6 +116,24 @@ def test_classifier_ignores_padding():
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+def test_inputs_are_refused_not_converted():
+    """Float or wrapping lengths, lengths of another batch, token ids outside the vocabulary: one ValueError
+    naming the problem; ids that are only known under jit turn their rows NaN instead of wrapping."""
+    lm, cl = (cls(config(DenseAttention()), rngs=nnx.Rngs(0)) for cls in (TransformerLM, TransformerClassifier))
+    t = tokens()
+    b, n = t.shape
+    with pytest.raises(ValueError, match="valid_len must have an integer dtype"):
+        cl(t, valid_len=jnp.full((b,), 3.5))
+    with pytest.raises(ValueError, match=rf"valid_len must lie in \[0, {n}\]"):
+        cl(t, valid_len=np.full((b,), 2**32 + 5, np.int64))
+    with pytest.raises(ValueError, match=f"valid_len has 3 rows but tokens have batch {b}"):
+        lm(t, valid_len=jnp.full((3,), 4))
+    for bad in (-1, V):
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, {V}\)"):
+            lm(t.at[0, 5].set(bad))
+    logits = nnx.jit(lambda m, t: m(t).logits)(lm, t.at[0, 5].set(-1))
+    assert np.isnan(np.asarray(logits[0, 5:])).all() and np.isfinite(np.asarray(logits[0, :5])).all()
+
 
 MECHANISMS = (
     *BASELINES.values(),
