@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--workdir", required=True, help="the training run's workdir")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
     parser.add_argument("--text", help="LM runs: evaluate on this text file instead of the validation set")
-    parser.add_argument("--max_batches", type=int, help="evaluate at most this many batches")
+    parser.add_argument("--max_batches", type=cli.positive_int, help="evaluate at most this many batches")
     args = parser.parse_args(argv)
     result = evaluate(args.workdir, args.step, args.text, args.max_batches)
     print(json.dumps(result))

@@ -1,5 +1,7 @@
 """Entry points that speak to people: `--help` shows the script's docstring (what it runs, what it writes), and a
-bad argument, a missing work directory or checkpoint is one line naming it, exit status 2, no traceback.
+bad argument, a missing work directory or checkpoint is one line naming it, exit status 2, no traceback; a problem of
+the environment (a work directory locked by another run, a checkpoint that cannot be written or read, a full or
+read-only disk) is one line too, exit status 1.
 
     parser = cli.ArgumentParser(__doc__)
 
@@ -12,13 +14,20 @@ bad argument, a missing work directory or checkpoint is one line naming it, exit
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import os
 import sys
 
+from sparse_attn.train.checkpoint import CheckpointRestoreError, CheckpointSaveError
+from sparse_attn.train.workdir_lock import WorkdirLockedError
+
 # What a user can cause and fix from the command line: the library's bad-input errors (ValueError naming the
 # argument), files and directories that are not there.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
+# What the machine causes: fixed by waiting, freeing space or permissions, not by another argument.
+ENVIRONMENT_ERRORS = (WorkdirLockedError, CheckpointSaveError, CheckpointRestoreError)
+DISK_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -33,11 +42,33 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def fail(prog: str, error: BaseException) -> None:
-    """Print `error` as one line for `prog` and exit with status 2."""
+def positive_int(text: str) -> int:
+    """An argparse `type`: an int >= 1 (the parser's one-line error names the flag otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def fail(prog: str, error: BaseException, status: int = 2) -> None:
+    """Print `error` as one line for `prog` and exit with `status`."""
     text = " ".join(str(error).split()) or type(error).__name__
     print(f"{prog}: error: {text}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(status)
+
+
+def _environment(error: BaseException) -> bool:
+    """An environment problem: one of ENVIRONMENT_ERRORS, or a disk error (full, read-only, no permission), also
+    when a library wrapped it (the cause chain is searched)."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, ENVIRONMENT_ERRORS) or (isinstance(seen, OSError) and seen.errno in DISK_ERRNOS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _prog_of(module_globals: dict) -> str:
@@ -51,7 +82,8 @@ def _prog(main) -> str:
 
 
 def entry_point(main):
-    """Wrap a script's `main(argv=None)`: user errors (USER_ERRORS) become one line and exit status 2."""
+    """Wrap a script's `main(argv=None)`: user errors (USER_ERRORS) become one line and exit status 2, environment
+    problems (`_environment`) one line and exit status 1; `SPARSE_ATTN_TRACEBACK=1` re-raises both."""
 
     @functools.wraps(main)
     def wrapped(argv=None, *args, **kwargs):
@@ -61,5 +93,9 @@ def entry_point(main):
             if os.environ.get("SPARSE_ATTN_TRACEBACK"):
                 raise
             fail(_prog(main), e)
+        except Exception as e:
+            if os.environ.get("SPARSE_ATTN_TRACEBACK") or not _environment(e):
+                raise
+            fail(_prog(main), e, status=1)
 
     return wrapped

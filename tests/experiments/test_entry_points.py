@@ -116,3 +116,15 @@ def test_the_command_line_prints_one_line_and_exits_2(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"python -m experiments.generate: error: "
                                                 f"{proc.stderr.split('error: ', 1)[1].strip()}"]
     assert str(tmp_path / "missing") in proc.stderr
+
+
+def test_a_locked_workdir_and_a_bad_batch_count_are_one_line(tmp_path, capsys):
+    """An environment problem (another run holds the work directory): one line, exit status 1; a count below 1:
+    the parser's one line naming the flag, exit status 2."""
+    from sparse_attn.train import workdir_lock
+
+    with workdir_lock.hold(str(tmp_path)):
+        code, _, err = _exit("experiments.lm.train", ["--workdir", str(tmp_path), "--num_steps", "1"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "in use by another run" in err, err
+    code, _, err = _exit("experiments.evaluate", ["--workdir", str(tmp_path), "--max_batches", "-3"], capsys)
+    assert code == 2 and "--max_batches" in err and "integer >= 1" in err, err
