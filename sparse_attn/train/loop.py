@@ -219,6 +219,8 @@ def train_and_evaluate(
             # No batch is fetched-but-unused when we save: the iterator state matches `step`.
             checkpoint.save(manager, step, state, train_iter.get_state(), this_run)
 
+        if is_main:
+            reporting.own_records(workdir, None if restored is None else step, info)
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
         tracing = False

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -19,12 +20,45 @@ def _scalar(v):
     return v.item() if v.size == 1 else v.tolist()
 
 
-class MetricsWriter:
-    """Appends `{"step", "split", ...}` records to `<workdir>/metrics.jsonl` (and TensorBoard).
+def own_records(workdir: str, restored_step: int | None, log: Callable[[str], None]) -> None:
+    """Makes `<workdir>`'s records this run's alone, before it writes any: a run that starts from scratch moves an
+    earlier run's `metrics.jsonl` and `tensorboard/` aside (`*.earlier-<k>`: a run killed before its first
+    checkpoint, whatever its config); a run resumed at step s drops the records after s (its interrupted tail,
+    re-run now), so no reader ever mixes two runs' steps."""
+    path = os.path.join(workdir, METRICS_FILE)
+    if restored_step is None:
+        for name in (METRICS_FILE, "tensorboard"):
+            old = os.path.join(workdir, name)
+            if os.path.exists(old):
+                k = 1
+                while os.path.exists(f"{old}.earlier-{k}"):
+                    k += 1
+                os.replace(old, f"{old}.earlier-{k}")
+                log(f"no checkpoint: an earlier run's {name} moved to {name}.earlier-{k}")
+        return
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= restored_step]
+    if len(kept) != len(lines):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+        log(f"resume at step {restored_step}: {len(lines) - len(kept)} records after it dropped (re-run now)")
 
-    Appending keeps the records of an interrupted run; after a resume, steps after the
-    restored checkpoint appear twice and readers keep the last record of each (step, split).
-    """
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut by a kill
+        return None
+
+
+class MetricsWriter:
+    """Appends `{"step", "split", ...}` records to `<workdir>/metrics.jsonl` (and TensorBoard); `own_records`
+    first makes the file this run's alone."""
 
     def __init__(self, workdir: str, *, enabled: bool = True, tensorboard: bool = False):
         self.enabled = enabled
