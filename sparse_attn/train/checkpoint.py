@@ -22,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from sparse_attn.train.config import TrainConfig
+from sparse_attn.train.run_config import ConfigMismatchError
 
 STATE, DATA, CONFIG = "state", "data", "config"
 UNREADABLE_DIR = "checkpoints_unreadable"
@@ -129,7 +130,8 @@ def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
     """Restore the newest checkpoint that reads back: `(step, state, data_state)`, or None if none exist.
 
     `check_config(step, stored_config)` runs before the arrays are read; its errors propagate (a
-    config mismatch is not corruption). A checkpoint that fails to read (truncated JSON, tensorstore
+    config mismatch is not corruption). A step that stores no config is checked against the newest other step's;
+    if no step stores one, the resume is refused (ConfigMismatchError): nothing says the checkpoint is this run's. A checkpoint that fails to read (truncated JSON, tensorstore
     errors, missing files) is named, skipped, and moved aside once an older one restores; if
     none restores, nothing is moved and the newest one's error is raised.
     """
@@ -141,6 +143,8 @@ def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
             unreadable.append((step, e))
             log(f"checkpoint step {step} in {manager.directory} is unreadable ({_brief(e)}); trying the previous one")
             continue
+        if stored is None:
+            stored = _config_of_run(manager, step, log)
         check_config(step, stored)
         try:
             state, data_state = restore(manager, target, step)
@@ -156,6 +160,23 @@ def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
         raise CheckpointRestoreError(f"no checkpoint in {manager.directory} could be read; the newest, step "
                                      f"{step}, failed with {_brief(error)}") from error
     return None
+
+
+def _config_of_run(manager: ocp.CheckpointManager, step: int, log: Callable[[str], None]) -> dict:
+    """The newest readable config of the run's other steps, for a step that stores none."""
+    for other in sorted(manager.all_steps(), reverse=True):
+        if other == step:
+            continue
+        try:
+            stored = read_config(manager, other)
+        except Exception:  # noqa: BLE001 — an unreadable config is no witness
+            continue
+        if stored is not None:
+            log(f"checkpoint step {step} stores no config; checked against step {other}'s")
+            return stored
+    raise ConfigMismatchError(f"checkpoint step {step} in {manager.directory} stores no run config and no other step "
+                              "does: nothing says it is this run's. Use another workdir, or move the checkpoints "
+                              "away to start afresh")
 
 
 def _brief(error: Exception) -> str:

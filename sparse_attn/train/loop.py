@@ -165,10 +165,7 @@ def train_and_evaluate(
             raise ValueError("eval_batches() yielded no batch")
         return {k: float(v) / n for k, v in jax.device_get(sums).items()}
 
-    def check_config(step: int, stored: dict | None) -> None:
-        if stored is None:
-            info(f"checkpoint step {step} stores no config (written before configs were stored): not checked")
-            return
+    def check_config(step: int, stored: dict) -> None:
         changed = run_config.check_resume(stored, this_run, allowed_changes)
         for path, (old, new) in changed.items():
             info(f"resume: {path} changed from {old!r} to {new!r} (allowed)")

@@ -53,3 +53,23 @@ def test_differences_name_nested_fields_and_types():
     with pytest.raises(ConfigMismatchError, match="model.attention.0._type"):
         run_config.check_resume(a, b, allowed=["train.seed"])
     assert run_config.check_resume(a, b, allowed=["model", "train.seed"])  # a prefix allows the subtree
+
+
+def test_a_step_without_its_config_is_checked_against_the_run_or_refused(tmp_path):
+    """The newest step's config folder gone: the resume check reads the previous step's config (and still
+    refuses a changed config); with no step holding one, the resume is refused instead of running unchecked."""
+    import shutil  # noqa: PLC0415
+
+    workdir = str(tmp_path)
+    tiny.run(workdir, tiny.config(num_steps=4, checkpoint_every=2, keep_checkpoints=3), experiment={"data": "a"})
+    ckpt = tmp_path / "checkpoints"
+    shutil.rmtree(ckpt / "4" / "config")
+    with pytest.raises(ConfigMismatchError, match="data: checkpoint 'a' != now 'b'"):
+        tiny.run(workdir, tiny.config(num_steps=4, checkpoint_every=2), experiment={"data": "b"})
+    messages = []
+    tiny.run(workdir, tiny.config(num_steps=4, checkpoint_every=2), experiment={"data": "a"}, log=messages.append)
+    assert "checkpoint step 4 stores no config; checked against step 2's" in messages, messages
+    for step in ("2", "4"):
+        shutil.rmtree(ckpt / step / "config", ignore_errors=True)
+    with pytest.raises(ConfigMismatchError, match="no other step does"):
+        tiny.run(workdir, tiny.config(num_steps=4, checkpoint_every=2), experiment={"data": "a"})
