@@ -136,11 +136,17 @@ def restore(workdir: str, step: int | None = None) -> Restored:
         tx = state_lib.make_optimizer(tc)
         shapes, shardings = state_lib.abstract_state(make_model, tx, one_device, mesh)
         target = state_lib.with_shardings(shapes, shardings)
+        others = [s for s in steps if s != step]
+        other_steps = f"pass --step with one of {others}" if others else "no other step to use"
         try:
             state, _ = checkpoint.restore(manager, target, step)
-        except Exception as e:  # noqa: BLE001 — any failure here means the arrays do not fit the model
-            raise CheckpointError(f"checkpoint step {step} in {workdir!r} does not fit the model its config "
-                                  f"describes ({type(e).__name__}: {str(e)[:400]})") from e
+        except Exception as e:  # noqa: BLE001 — the arrays are unreadable or do not fit the model
+            raise CheckpointError(f"checkpoint step {step} in {workdir!r} cannot be read as the model its config "
+                                  f"describes ({type(e).__name__}: {str(e)[:400]}); {other_steps}") from e
+        try:
+            checkpoint.verify(manager, step, state)
+        except checkpoint.CorruptCheckpointError as e:
+            raise CheckpointError(f"checkpoint {e} in {workdir!r}: it is corrupt; {other_steps}") from e
     model = nnx.merge(state_lib.graphdef_of(make_model), state.params, state.rest)
     fit_schedules(model, tc.num_steps)
     model.eval()

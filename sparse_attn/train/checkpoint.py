@@ -1,6 +1,6 @@
 """Orbax checkpoints: train state, data-iterator state and the run's config saved together.
 
-Layout: `<workdir>/checkpoints/<step>/{state,data,config}`. Orbax writes a save into
+Layout: `<workdir>/checkpoints/<step>/{state,data,config,digest}`. Orbax writes a save into
 `<step>.orbax-checkpoint-tmp*` and renames it when complete, so a crash mid-save leaves the
 previous step restorable. Async saves must be finished before exit: use the manager as a
 context manager (its `close()` waits).
@@ -8,7 +8,9 @@ context manager (its `close()` waits).
 Failures are made loud and prompt: directories are created synchronously (an async mkdir that
 fails leaves orbax threads waiting 300 s for a signal, so the process hangs at exit), the rest of
 a background save is checked with `raise_if_save_failed` every step, and an unreadable checkpoint
-is moved to `<workdir>/checkpoints_unreadable/` once an older one restores.
+is moved to `<workdir>/checkpoints_unreadable/` once an older one restores. Silent corruption is caught on read: each
+step saves a digest of its arrays (`digest`), and a restored state that does not match it, or holds a non-finite
+value, is treated like an unreadable step (`verify`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import shutil
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from sparse_attn.train.config import TrainConfig
 from sparse_attn.train.run_config import ConfigMismatchError
 
-STATE, DATA, CONFIG = "state", "data", "config"
+STATE, DATA, CONFIG, DIGEST = "state", "data", "config", "digest"
 UNREADABLE_DIR = "checkpoints_unreadable"
 
 
@@ -34,6 +37,58 @@ class CheckpointSaveError(RuntimeError):
 
 class CheckpointRestoreError(RuntimeError):
     """No checkpoint in the workdir could be read back."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint's arrays read back, but not as they were saved (a digest mismatch) or not finite."""
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The array's bits as uint32 words, one per element (narrower dtypes zero-extended)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32).reshape(-1)
+    bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    return jax.lax.bitcast_convert_type(x, bits).astype(jnp.uint32).reshape(-1)
+
+
+@jax.jit
+def _sums(leaves):
+    """Per array (sum of its words, sum of word * (index + 1)), both mod 2^32: order-independent integer sums, so
+    any sharding gives the same digest; a flipped bit always changes the first."""
+    out = []
+    for x in leaves:
+        w = _words(x)
+        out.append(jnp.stack([jnp.sum(w, dtype=jnp.uint32),
+                              jnp.sum(w * (jnp.arange(w.shape[0], dtype=jnp.uint32) + 1), dtype=jnp.uint32)]))
+    return out
+
+
+def digest(state) -> dict[str, list[int]]:
+    """{array path: [word sum, weighted word sum]} of a state: one integer pass over its arrays on their devices
+    (reading every byte once, as the save itself does; compiled once per state structure) and 8 bytes to the host
+    per array."""
+    paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(state)[0], strict=True)
+    sums = jax.device_get(_sums(list(leaves)))
+    return {jax.tree_util.keystr(p): [int(a) for a in s] for p, s in zip(paths, sums, strict=True)}
+
+
+def verify(manager: ocp.CheckpointManager, step: int, state) -> None:
+    """CorruptCheckpointError unless `state` (restored from `step`) matches the digest saved with it, for every
+    array it holds, and is finite. A step written before digests were saved is checked for finiteness only."""
+    stored = None
+    if os.path.isdir(os.path.join(str(manager.directory), str(step), DIGEST)):
+        stored = manager.restore(step, args=ocp.args.Composite(**{DIGEST: ocp.args.JsonRestore()}))[DIGEST]
+    if stored is not None:
+        got = digest(state)
+        bad = sorted(path for path, sums in got.items() if stored.get(path, sums) != sums)
+        if bad:
+            raise CorruptCheckpointError(f"step {step}: {len(bad)} arrays differ from the digest saved with them "
+                                         f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    if floats and not bool(jax.jit(lambda xs: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])))(floats)):
+        raise CorruptCheckpointError(f"step {step}: the restored state holds non-finite values")
 
 
 def make_manager(workdir: str | os.PathLike, config: TrainConfig) -> ocp.CheckpointManager:
@@ -48,7 +103,7 @@ def make_manager(workdir: str | os.PathLike, config: TrainConfig) -> ocp.Checkpo
         create=True,
     )
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    return ocp.CheckpointManager(directory, options=options, item_names=(STATE, DATA, CONFIG))
+    return ocp.CheckpointManager(directory, options=options, item_names=(STATE, DATA, CONFIG, DIGEST))
 
 
 @contextlib.contextmanager
@@ -78,8 +133,10 @@ def finish_saves(manager: ocp.CheckpointManager) -> None:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state, data_state: dict, config: dict | None = None) -> None:
-    """Start saving `state` (a pytree of jax arrays), `data_state` and `config` (JSON dicts) at `step`."""
-    items = {STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state)}
+    """Start saving `state` (a pytree of jax arrays), its `digest`, `data_state` and `config` (JSON dicts) at
+    `step`."""
+    items = {STATE: ocp.args.StandardSave(state), DATA: ocp.args.JsonSave(data_state),
+             DIGEST: ocp.args.JsonSave(digest(state))}
     if config is not None:
         items[CONFIG] = ocp.args.JsonSave(config)
     try:
@@ -148,6 +205,7 @@ def restore_newest_readable(manager: ocp.CheckpointManager, target, *,
         check_config(step, stored)
         try:
             state, data_state = restore(manager, target, step)
+            verify(manager, step, state)
         except Exception as e:  # noqa: BLE001 — any read failure makes this step unusable
             unreadable.append((step, e))
             log(f"checkpoint step {step} in {manager.directory} is unreadable ({_brief(e)}); trying the previous one")

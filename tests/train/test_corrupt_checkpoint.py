@@ -58,3 +58,31 @@ def test_no_readable_checkpoint_is_an_error_that_moves_nothing(tmp_path):
         tiny.run(workdir, config)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
     assert not os.path.exists(os.path.join(workdir, "checkpoints_unreadable"))
+
+
+def _flip_a_bit(step_dir: str) -> None:
+    """One bit in the middle of the largest array-data file: it still decompresses (orbax reads it silently)."""
+    files = sorted(glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True), key=os.path.getsize)
+    with open(files[-1], "r+b") as f:
+        f.seek(os.path.getsize(files[-1]) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_silently_corrupt_arrays_fail_their_digest_and_fall_back(tmp_path):
+    """A flipped bit that orbax reads back without an error: the digest saved with the step names it corrupt, the
+    run resumes from the previous step exactly as from a truncated one."""
+    workdir = str(tmp_path)
+    config = tiny.config(num_steps=4, checkpoint_every=2, eval_every=4)
+    tiny.run(workdir, config)
+    first = read_metrics(workdir)
+    _flip_a_bit(os.path.join(workdir, "checkpoints", "4"))
+    messages = []
+    summary = tiny.run(workdir, config, log=messages.append)
+    assert any("checkpoint step 4 in " in m and "CorruptCheckpointError" in m and "differ from the digest" in m
+               for m in messages), messages
+    assert any("resumed" in m and "at step 2" in m for m in messages), messages
+    again = read_metrics(workdir)
+    assert summary["step"] == 4 and [again[s]["loss"] for s in (3, 4)] == [first[s]["loss"] for s in (3, 4)]
+    assert os.path.isdir(os.path.join(workdir, "checkpoints_unreadable", "4"))
