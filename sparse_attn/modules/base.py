@@ -14,6 +14,7 @@ patterns").
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
@@ -70,6 +71,18 @@ class AttentionConfig(Protocol):
 # Statistics every attention layer reports under `layer{i}/{key}` (docs/architecture.md, "Statistics"): the module
 # reports `keys_per_query`; the model adds `attn_flops_vs_dense` on one convention for every mechanism.
 COMMON_STATS = ("keys_per_query", "attn_flops_vs_dense")
+
+
+def check_floats(config) -> None:
+    """ValueError naming the field unless every float field of a config dataclass is finite and its `rope_base`
+    (None: no RoPE) a number > 0: a NaN threshold or temperature would otherwise turn the logits NaN silently."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{type(config).__name__}.{field.name} must be a finite number, got {value!r}")
+    base = getattr(config, "rope_base", None)
+    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0):
+        raise ValueError(f"{type(config).__name__}.rope_base must be None (no RoPE) or a number > 0, got {base!r}")
 
 
 def refuse_old_fields(instead_of: Callable[[str], str | None]):

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, check_floats, keys_per_query
 from sparse_attn.modules.selected_blocks import Blocks, selected_attention, selected_key_counts, selection_stats
 from sparse_attn.patterns import common
 from sparse_attn.patterns.block_select import (
@@ -63,6 +63,7 @@ class MobaAttentionConfig:
     rope_base: float | None = 10_000.0
 
     def __post_init__(self):
+        check_floats(self)
         check_blocks(self.block_size, self.query_block, self.tile)
         check_top_k(self.top_k, self.sink_blocks)
         common.static_int("num_kv_heads", self.num_kv_heads, low=1, none_ok=True)

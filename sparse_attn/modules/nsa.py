@@ -34,7 +34,7 @@ from flax import nnx
 from sparse_attn.attention import attention
 from sparse_attn.executors import registry
 from sparse_attn.executors.softmax import masked_softmax_parts
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, check_floats, keys_per_query
 from sparse_attn.modules.selected_blocks import Blocks, selected_attention, selected_key_counts, selection_stats
 from sparse_attn.patterns import common
 from sparse_attn.patterns.baselines import sliding_window
@@ -83,6 +83,7 @@ class NsaAttentionConfig:
     rope_base: float | None = 10_000.0
 
     def __post_init__(self):
+        check_floats(self)
         check_compression(self.compress_block, self.compress_stride)
         check_blocks(self.select_block, self.query_block, self.tile)
         check_top_k(self.top_n, self.sink_blocks, self.recent_blocks, name="top_n")

@@ -10,7 +10,7 @@ from flax import nnx
 
 from sparse_attn import patterns
 from sparse_attn.attention import attention, prepare
-from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, keys_per_query
+from sparse_attn.modules.base import AttentionContext, AttentionOutput, Projections, check_floats, keys_per_query
 from sparse_attn.patterns.stats import key_counts
 
 
@@ -19,6 +19,9 @@ class _PatternConfig:
     num_kv_heads: int | None = None
     implementation: str | None = None
     rope_base: float | None = 10_000.0
+
+    def __post_init__(self):
+        check_floats(self)
 
     def pattern(self, n: int, ctx: AttentionContext):
         raise NotImplementedError

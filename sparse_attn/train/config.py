@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,13 @@ class TrainConfig:
     tensorboard: bool = False
 
     def __post_init__(self):
+        for name, low, high in (("learning_rate", 0.0, None), ("end_lr_fraction", 0.0, None), ("weight_decay", 0.0, None),
+                                ("b1", 0.0, 1.0), ("b2", 0.0, 1.0), ("grad_clip", 0.0, None)):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+                    value < low or (high is not None and value >= high):
+                span = f">= {low:g}" + ("" if high is None else f" and < {high:g}")
+                raise ValueError(f"TrainConfig.{name} must be a finite number {span}, got {value!r}")
         if not 1 <= self.sync_every <= 16:
             raise ValueError(f"sync_every must be in [1, 16] (CPU in-flight limit), got {self.sync_every}")
         for name in ("global_batch", "seq_len", "checkpoint_every", "eval_every", "keep_checkpoints"):

@@ -18,7 +18,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.modules.abca.core import check_options
-from sparse_attn.modules.base import build_module, refuse_old_fields
+from sparse_attn.modules.base import build_module, check_floats, refuse_old_fields
 from sparse_attn.patterns import common
 
 
@@ -170,6 +170,7 @@ class AnchorAttentionConfig:
     summaries_per_anchor: int = 1
 
     def __post_init__(self):
+        check_floats(self)
         if isinstance(self.placement, str) and self.placement in PLACEMENTS:
             raise TypeError(f"AnchorAttentionConfig.placement={self.placement!r} is the old string form: use "
                             f"placement={_spelled(PLACEMENTS[self.placement])}")

@@ -24,7 +24,7 @@ from typing import ClassVar
 from flax import nnx
 
 from sparse_attn.attention import available_implementations
-from sparse_attn.modules.base import build_module, refuse_old_fields
+from sparse_attn.modules.base import build_module, check_floats, refuse_old_fields
 from sparse_attn.patterns.labels import bits as bits_lib
 from sparse_attn.patterns.labels import position
 from sparse_attn.patterns.labels import schedule as schedule_lib
@@ -256,6 +256,7 @@ class LabelAttentionConfig:
     capacity: LabelCapacity = LabelCapacity()
 
     def __post_init__(self):
+        check_floats(self)
         for name, group in GROUPS.items():
             if not isinstance(getattr(self, name), group):
                 raise TypeError(f"LabelAttentionConfig.{name} must be a {group.__name__}, got "

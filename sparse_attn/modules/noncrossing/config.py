@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from flax import nnx
 
-from sparse_attn.modules.base import build_module
+from sparse_attn.modules.base import build_module, check_floats
 
 ROUTERS = ("defect_pair", "brick_wall", "adjacent_topk")
 ROWS = ("self_top_bottom", "self_top", "through")
@@ -50,6 +50,7 @@ class NoncrossingAttentionConfig:
     rope_base: float | None = 10_000.0
 
     def __post_init__(self):
+        check_floats(self)
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         if self.rows not in ROWS:
