@@ -173,7 +173,8 @@ def layout_from_selection(
     """The `BlockLayout` of a block selection (`select_blocks`) at tile resolution, built on device.
 
     Its mask is `own_block_mask`; its random blocks the selected non-own blocks expanded to tiles, at most
-    `(top_k - 1) * block_size / tile` per query tile (`max_random`).
+    `min(top_k - 1, blocks - 1) * block_size / tile` per query tile (`max_random`): a top_k past the sequence's
+    blocks keeps every block.
     """
     n = common.static_int("n (sequence length)", n, low=1)
     block_size, query_block, tile = check_blocks(block_size, query_block, tile)
@@ -188,7 +189,8 @@ def layout_from_selection(
     not_own = kb_of_tile[None, :] != (qs_of_tile * query_block // block_size)[:, None]  # [Qt, Kt]
     rb = sel[:, :, qs_of_tile][:, :, :, kb_of_tile] & not_own[None, None]
     mask = own_block_mask(n, block_size, causal=causal, valid_len=valid_len)
-    max_random = (top_k - 1) * (block_size // tile)
+    # Other blocks a group can hold: top_k - 1, and never more than exist (a short sequence under a large top_k).
+    max_random = min(top_k - 1, nkb - 1) * (block_size // tile)
     return BlockLayout.from_intervals(mask, tile, tile, random_blocks=rb, max_random=max_random)
 
 

@@ -212,3 +212,22 @@ def test_select_group_is_a_row_of_select_blocks(sinks, recent):
     one = jax.jit(lambda s, q0: select_group(s, q0, k, bs, sink_blocks=sinks, recent_blocks=recent))
     for g in range(scores.shape[2]):
         np.testing.assert_array_equal(np.asarray(one(scores[:, :, g], g * qb)), full[:, :, g], err_msg=f"group {g}")
+
+
+@pytest.mark.parametrize("impl", ["xla", "reference"])
+def test_a_top_k_past_the_blocks_keeps_every_block(impl):
+    """MoBA with top_k >= the key blocks of a short sequence (a model run on a short prompt): every block kept,
+    so it equals causal dense attention (it used to fail in the "xla" executor on a too-wide random list)."""
+    from sparse_attn.modules.moba import MobaAttentionConfig, moba_core, moba_selection  # noqa: PLC0415
+
+    n = 40
+    ks = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(ks[0], (2, n, 4, 8))
+    k, v = (jax.random.normal(x, (2, n, 2, 8)) for x in ks[1:])
+    vl = jnp.array([n, 33])
+    want = sa.attention(q, k, v, sa.patterns.causal(n, valid_len=vl), implementation="reference")
+    for top_k in (5, 9, 50):  # 5 blocks of 8
+        cfg = MobaAttentionConfig(block_size=8, top_k=top_k, implementation=impl)
+        sel = moba_selection(q, k, cfg, causal=True, valid_len=vl)
+        got = moba_core(q, k, v, sel, cfg, causal=True, valid_len=vl)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
