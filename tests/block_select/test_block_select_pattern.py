@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import sparse_attn as sa
+from sparse_attn.modules.moba import MobaAttentionConfig, moba_core, moba_selection
 from sparse_attn.patterns.block_select import block_select, select_blocks, select_group
 
 TOL = dict(out=1e-5, grad=5e-5)  # float32, as tests/foundation/test_executors.py
@@ -218,7 +219,6 @@ def test_select_group_is_a_row_of_select_blocks(sinks, recent):
 def test_a_top_k_past_the_blocks_keeps_every_block(impl):
     """MoBA with top_k >= the key blocks of a short sequence (a model run on a short prompt): every block kept,
     so it equals causal dense attention (it used to fail in the "xla" executor on a too-wide random list)."""
-    from sparse_attn.modules.moba import MobaAttentionConfig, moba_core, moba_selection  # noqa: PLC0415
 
     n = 40
     ks = jax.random.split(jax.random.key(0), 3)
