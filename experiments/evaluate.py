@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import sys
 from collections.abc import Iterable
 
@@ -30,6 +31,7 @@ from flax import nnx
 
 from sparse_attn import data as data_lib
 from sparse_attn.data import tasks as tasks_lib
+from sparse_attn.data.corpus import DOC_SEPARATOR
 from sparse_attn.studies import classification as cm
 from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
@@ -56,11 +58,20 @@ def _mean_metrics(eval_fn, model, step: int, batches: Iterable[dict]) -> tuple[d
 
 
 def text_windows(path: str, *, seq_len: int, global_batch: int, max_batches: int | None = None):
-    """Every whole `seq_len + 1`-byte window of a file (non-overlapping) in batches; the last partial batch dropped."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no text file {path!r}")
-    with open(path, "rb") as f:
-        tokens = np.frombuffer(f.read(), np.uint8)
+    """Every whole `seq_len + 1`-byte window (non-overlapping) of a file, or of a folder's text files joined in path
+    order by NUL bytes (the files `--text` trains on: `TextSource`'s suffixes), in batches; the last partial batch
+    dropped."""
+    if os.path.isdir(path):
+        suffixes = data_lib.TextSource(path=path).suffixes
+        files = sorted(p for p in pathlib.Path(path).rglob("*") if p.is_file() and p.suffix in suffixes)
+        if not files:
+            raise FileNotFoundError(f"no files ending in {suffixes} under {path!r}")
+        tokens = np.frombuffer(DOC_SEPARATOR.join(p.read_bytes().replace(DOC_SEPARATOR, b"") for p in files), np.uint8)
+    elif os.path.isfile(path):
+        with open(path, "rb") as f:
+            tokens = np.frombuffer(f.read(), np.uint8)
+    else:
+        raise FileNotFoundError(f"no text file or folder {path!r}")
     windows = (tokens.size - 1) // seq_len
     if windows < global_batch:
         raise ValueError(f"{path!r} ({tokens.size} bytes) holds {windows} windows of {seq_len + 1} bytes, fewer "

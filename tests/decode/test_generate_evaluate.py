@@ -53,8 +53,10 @@ def test_evaluate_reproduces_the_final_eval(run, capsys):
     for key in ("nll", "bits_per_byte"):
         assert out[key] == pytest.approx(summary["eval"][key], rel=1e-5, abs=1e-6)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 4
-    # a given file
+    # a given file, and a folder of text files as training takes it
     assert evaluate.evaluate(workdir, text=os.path.join(run[2], "text", "f3.txt"))["batches"] >= 1
+    folder = evaluate.evaluate(workdir, text=os.path.join(run[2], "text"))
+    assert folder["batches"] >= 1 and 0 < folder["bits_per_byte"] < 9
 
 
 def test_generate_is_deterministic_and_streams(run):
