@@ -128,3 +128,30 @@ def test_a_locked_workdir_and_a_bad_batch_count_are_one_line(tmp_path, capsys):
     assert code == 1 and len(err.strip().splitlines()) == 1 and "in use by another run" in err, err
     code, _, err = _exit("experiments.evaluate", ["--workdir", str(tmp_path), "--max_batches", "-3"], capsys)
     assert code == 2 and "--max_batches" in err and "integer >= 1" in err, err
+
+
+def test_a_full_disk_is_one_line_even_when_a_library_wraps_it(capsys):
+    """An OSError of the disk (full, read-only, forbidden) found anywhere in the cause chain: one line, status 1;
+    any other exception keeps its traceback."""
+    import errno  # noqa: PLC0415
+
+    from sparse_attn.studies import cli  # noqa: PLC0415
+
+    @cli.entry_point
+    def main(argv=None):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("orbax: a background write failed") from e
+
+    with pytest.raises(SystemExit) as info:
+        main([])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and len(err.strip().splitlines()) == 1 and "background write failed" in err
+
+    @cli.entry_point
+    def buggy(argv=None):
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        buggy([])
