@@ -53,22 +53,22 @@ def positive_int(text: str) -> int:
     return value
 
 
-def fail(prog: str, error: BaseException, status: int = 2) -> None:
+def fail(prog: str, error: BaseException | str, status: int = 2) -> None:
     """Print `error` as one line for `prog` and exit with `status`."""
     text = " ".join(str(error).split()) or type(error).__name__
     print(f"{prog}: error: {text}", file=sys.stderr)
     raise SystemExit(status)
 
 
-def _environment(error: BaseException) -> bool:
-    """An environment problem: one of ENVIRONMENT_ERRORS, or a disk error (full, read-only, no permission), also
-    when a library wrapped it (the cause chain is searched)."""
+def _environment(error: BaseException) -> BaseException | None:
+    """The environment problem behind `error`, if any: one of ENVIRONMENT_ERRORS, or a disk error (full, read-only,
+    no permission), also when a library wrapped it (the cause chain is searched)."""
     seen = error
     while seen is not None:
         if isinstance(seen, ENVIRONMENT_ERRORS) or (isinstance(seen, OSError) and seen.errno in DISK_ERRNOS):
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
 
 
 def _prog_of(module_globals: dict) -> str:
@@ -94,8 +94,9 @@ def entry_point(main):
                 raise
             fail(_prog(main), e)
         except Exception as e:
-            if os.environ.get("SPARSE_ATTN_TRACEBACK") or not _environment(e):
+            problem = _environment(e)
+            if os.environ.get("SPARSE_ATTN_TRACEBACK") or problem is None:
                 raise
-            fail(_prog(main), e, status=1)
+            fail(_prog(main), e if problem is e else f"{e} ({problem})", status=1)
 
     return wrapped
