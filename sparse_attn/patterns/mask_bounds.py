@@ -142,8 +142,8 @@ def _range_bounds(row, lo, hi):
 
 def _dynamic_slice(operand: Array, indices: list[Ints], sizes) -> Ints:
     x = operand.value
-    if any(s != 1 for s in sizes) or not jnp.issubdtype(x.dtype, jnp.integer) or x.dtype.itemsize > 4:
-        raise Unsupported("dynamic_slice other than one integer element")
+    if any(s != 1 for s in sizes) or not _exact_int(x.dtype):
+        raise Unsupported("dynamic_slice other than one element of an int32-representable array")
     ranged = [i for i, ix in enumerate(indices) if not ix.point]
     if len(ranged) > 1:
         raise Unsupported("an array read at more than one index range")
@@ -176,7 +176,7 @@ def _literal(value):
         return Array(v)
     if v.dtype == jnp.bool_:
         return Bools(v, ~v, True)
-    if not jnp.issubdtype(v.dtype, jnp.integer):
+    if not _exact_int(v.dtype):
         raise Unsupported(f"a {v.dtype} constant")
     return Ints(v.astype(jnp.int32), v.astype(jnp.int32), jnp.zeros((), bool), True)
 
@@ -199,12 +199,20 @@ def _eval(jaxpr, consts, args):
     return [read(v) for v in jaxpr.outvars]
 
 
+# Integer dtypes whose values int32 intervals hold exactly (unsigned 32-bit arithmetic wraps at 2^32, not 2^31).
+_EXACT_INTS = (jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint16)
+
+
+def _exact_int(dtype) -> bool:
+    return any(dtype == t for t in _EXACT_INTS)
+
+
 def _rule(eqn, ins):
     name = eqn.primitive.name
     params = eqn.params
     for v in eqn.outvars:
         dt = v.aval.dtype
-        if not (dt == jnp.bool_ or jnp.issubdtype(dt, jnp.integer)):
+        if not (dt == jnp.bool_ or _exact_int(dt)):
             raise Unsupported(f"{name} produces {dt}")
     if name in ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"):
         inner = params.get("jaxpr") or params.get("call_jaxpr") or params.get("fun_jaxpr")
@@ -220,6 +228,10 @@ def _rule(eqn, ins):
             if isinstance(x, Bools):  # bool -> int: 0 or 1
                 return [Ints(jnp.where(x.can_false, 0, 1), jnp.where(x.can_true, 1, 0), jnp.zeros((), bool), x.point)]
             raise Unsupported("int -> bool conversion")
+        if name == "convert_element_type" and isinstance(x, Ints) and params["new_dtype"] != jnp.int32:
+            info = jnp.iinfo(params["new_dtype"])  # narrowing wraps values outside the target's range
+            outside = (x.lo < info.min) | (x.hi > info.max)
+            return [Ints(x.lo, x.hi, x.wide | outside, x.point)]
         return [x]
     if name == "dynamic_slice":
         if not isinstance(ins[0], Array):
