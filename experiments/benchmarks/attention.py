@@ -72,11 +72,7 @@ def run(args) -> list[benchlib.Row]:
                     grad_argnums=core.grad_argnums,
                 )
                 rows.append(row)
-                print(
-                    f"  n={n} {name:14s} {row.impl:8s} fwd {row.fwd_s * 1e3:8.2f} ms  "
-                    f"fwd+bwd {row.fwd_bwd_s * 1e3:8.2f} ms  mem {row.mem_bytes / 2**20:8.1f} MiB",
-                    flush=True,
-                )
+                benchlib.print_row(row)
     return benchlib.add_ratios(rows)
 
 

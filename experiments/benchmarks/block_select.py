@@ -43,7 +43,7 @@ def run(args) -> list[benchlib.Row]:
         dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
         rows.append(benchlib.measure("dense", "jax.nn", n, dense, (q, k, v), repeats=args.repeats,
                                      flops=4.0 * args.batch * heads * n * dense_keys * d))  # fmt: skip
-        _print(rows[-1])
+        benchlib.print_row(rows[-1], 6, extra=True)
         for name in ("moba", "nsa"):
             spec = BenchSpec(n=n, batch=args.batch, heads=heads, head_dim=d, dtype="float32", radius=0, impl="xla",
                              key=jax.random.PRNGKey(0), causal=True)  # fmt: skip
@@ -53,13 +53,8 @@ def run(args) -> list[benchlib.Row]:
             rows.append(benchlib.measure(name, "xla", n, lambda *a, fn=core.fn: fn(*a)[0], core.args,
                                          repeats=args.repeats, flops=4.0 * args.batch * heads * n * keys * d,
                                          extra=st, grad_argnums=core.grad_argnums))  # fmt: skip
-            _print(rows[-1])
+            benchlib.print_row(rows[-1], 6, extra=True)
     return benchlib.add_ratios(rows)
-
-
-def _print(row):
-    print(f"  n={row.n} {row.mechanism:6s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
-          f"mem {row.mem_bytes / 2**20:8.1f} MiB  {row.extra}", flush=True)  # fmt: skip
 
 
 @cli.entry_point

@@ -81,7 +81,7 @@ def attention_rows(n: int, radius: int, heads: int, head_dim: int, repeats: int)
     }  # fmt: skip
     dense = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     rows = [benchlib.measure("dense", "jax.nn", n, dense, (q, k, v), repeats=repeats)]
-    _print(rows[-1])
+    benchlib.print_row(rows[-1], 22)
     for name, (mask_fn, hand) in cases.items():
         built = patterns.from_mask_fn(mask_fn, n, n, batch=1 if name == "document" else None)
         for kind, pattern in ((f"{name}_mask_fn", built), (f"{name}_hand_built", hand)):
@@ -89,13 +89,8 @@ def attention_rows(n: int, radius: int, heads: int, head_dim: int, repeats: int)
             st = patterns.pattern_stats(hand, head_dim, heads=heads)
             rows.append(benchlib.measure(kind, "xla", n, fn, (q, k, v), repeats=repeats, flops=float(st["flops"]),
                                          extra=dict(mean_keys=float(st["mean_keys"]))))  # fmt: skip
-            _print(rows[-1])
+            benchlib.print_row(rows[-1], 22)
     return benchlib.add_ratios(rows)
-
-
-def _print(row):
-    print(f"  n={row.n} {row.mechanism:22s} fwd {row.fwd_s * 1e3:9.2f} ms  fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  "
-          f"mem {row.mem_bytes / 2**20:8.1f} MiB", flush=True)  # fmt: skip
 
 
 @cli.entry_point

@@ -110,7 +110,7 @@ def check_cases(p: Plan) -> list[tuple[str, int, object]]:
 
 
 def reference64(q, k, v, do, mask, scale):
-    """float64 numpy oracle: (out, dq, dk, dv) of softmax attention under `mask` [B|1, H|1, N, N] with GQA; rows
+    """float64 numpy oracle: (out, dq, dk, dv) of softmax attention under `mask` [B|1, H|1, Nq, Nk] with GQA; rows
     with no allowed key output 0 and pass no gradient."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
     b, n, h, d = q.shape
@@ -129,7 +129,7 @@ def reference64(q, k, v, do, mask, scale):
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kh) * scale
     dkh = np.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     dvh = np.einsum("bhqk,bqhd->bkhd", pr, do)
-    group = lambda x: x.reshape(b, n, h // r, r, d).sum(axis=3)  # noqa: E731
+    group = lambda x: x.reshape(b, k.shape[1], h // r, r, d).sum(axis=3)  # noqa: E731
     return out, dq, group(dkh), group(dvh)
 
 

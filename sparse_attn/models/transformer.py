@@ -109,7 +109,8 @@ def checked_inputs(tokens_BxN, valid_len_B, vocab_size: int) -> tuple[jax.Array,
     b, n = tokens_BxN.shape
     known = common.is_concrete(tokens_BxN)
     if known and tokens_BxN.size:
-        low, high = int(np.min(common.host(tokens_BxN))), int(np.max(common.host(tokens_BxN)))
+        ids = common.host(tokens_BxN)
+        low, high = int(np.min(ids)), int(np.max(ids))
         if low < 0 or high >= vocab_size:
             raise ValueError(f"token ids must lie in [0, {vocab_size}) (the vocabulary), got ids in [{low}, {high}]")
     if valid_len_B is None:

@@ -118,6 +118,13 @@ def measure(mechanism: str, impl: str, n: int, fn: Callable, args: tuple, *, rep
     )
 
 
+def print_row(row: Row, width: int = 14, extra: bool = False) -> None:
+    """One progress line of a measured row (its extra dict too with `extra`)."""
+    line = (f"  n={row.n} {row.mechanism:{width}s} {row.impl:8s} fwd {row.fwd_s * 1e3:9.2f} ms  "
+            f"fwd+bwd {row.fwd_bwd_s * 1e3:9.2f} ms  mem {row.mem_bytes / 2**20:8.1f} MiB")  # fmt: skip
+    print(line + (f"  {row.extra}" if extra else ""), flush=True)
+
+
 def add_ratios(rows: list[Row], baseline: str = "dense") -> list[Row]:
     """Speedups and memory ratios against the baseline row of the same n (measured in the same run)."""
     base = {r.n: r for r in rows if r.mechanism == baseline}

@@ -65,6 +65,11 @@ def _sums(leaves):
     return out
 
 
+@jax.jit
+def _all_finite(leaves) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
 def digest(state) -> dict[str, list[int]]:
     """{array path: [word sum, weighted word sum]} of a state: one integer pass over its arrays on their devices
     (reading every byte once, as the save itself does; compiled once per state structure) and 8 bytes to the host
@@ -87,7 +92,7 @@ def verify(manager: ocp.CheckpointManager, step: int, state) -> None:
             raise CorruptCheckpointError(f"step {step}: {len(bad)} arrays differ from the digest saved with them "
                                          f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
     floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
-    if floats and not bool(jax.jit(lambda xs: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs])))(floats)):
+    if floats and not bool(_all_finite(floats)):
         raise CorruptCheckpointError(f"step {step}: the restored state holds non-finite values")
 
 

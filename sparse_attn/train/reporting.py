@@ -40,7 +40,8 @@ def own_records(workdir: str, restored_step: int | None, log: Callable[[str], No
         return
     with open(path) as f:
         lines = f.readlines()
-    kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= restored_step]
+    kept = [line for line, step in zip(lines, map(_step_of, lines), strict=True)
+            if step is not None and step <= restored_step]
     if len(kept) != len(lines):
         tmp = path + ".tmp"
         with open(tmp, "w") as f:

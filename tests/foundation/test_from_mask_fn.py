@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import sparse_attn as sa
+from experiments.gpu.measure import reference64
 from sparse_attn.patterns import from_mask_fn
 from sparse_attn.patterns import mask_fns as M
 from sparse_attn.patterns.mask_pattern import EMPTY, FULL, PARTIAL
@@ -25,28 +26,6 @@ def numpy_blocks(mask_BxHxQxK, bq, bk):
             whole = tile.shape[-1] == bk
             out[:, :, i, j] = np.where(tile.all((2, 3)) & whole, FULL, np.where(tile.any((2, 3)), PARTIAL, EMPTY))
     return out
-
-
-def attention64(q, k, v, mask_BxHxQxK, scale, do):
-    """(out, dq, dk, dv) in float64: masked softmax, rows with no allowed key 0 with no gradient; GQA."""
-    q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
-    b, nq, h, d = q.shape
-    r = h // k.shape[2]
-    kh, vh = np.repeat(k, r, axis=2), np.repeat(v, r, axis=2)
-    m = np.broadcast_to(mask_BxHxQxK, (b, h, nq, k.shape[1]))
-    s = np.where(m, np.einsum("bqhd,bkhd->bhqk", q, kh) * scale, -np.inf)
-    top = np.max(s, -1, keepdims=True)
-    e = np.where(m, np.exp(s - np.where(np.isfinite(top), top, 0)), 0)
-    z = e.sum(-1, keepdims=True)
-    p = e / np.where(z > 0, z, 1)
-    out = np.einsum("bhqk,bkhd->bqhd", p, vh)
-    dp = np.einsum("bqhd,bkhd->bhqk", do, vh)
-    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
-    dq = np.einsum("bhqk,bkhd->bqhd", ds, kh) * scale
-    group = lambda x: x.reshape(b, -1, h // r, r, d).sum(3)  # noqa: E731
-    dk = group(np.einsum("bhqk,bqhd->bkhd", ds, q) * scale)
-    dv = group(np.einsum("bhqk,bqhd->bkhd", p, do))
-    return out, dq, dk, dv
 
 
 # The ready-made predicates, each beside its rule in numpy: (mask_fn, batch, numpy rule(b, h, q, k) on grids).
@@ -164,7 +143,7 @@ def test_outputs_and_gradients_match_the_float64_oracle(impl, dtype):
     out, vjp = jax.vjp(lambda q, k, v: sa.attention(q, k, v, p, implementation=impl), q, k, v)
     got = (out, *vjp(do))
     mask = numpy_mask(random_rule, 2, H, NQ, NK)
-    want = attention64(q, k, v, mask, D**-0.5, do)
+    want = reference64(q, k, v, do, mask, D**-0.5)
     tol = 1e-5 if dtype == "float32" else 4e-2
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=tol, rtol=tol, err_msg=name)
@@ -188,7 +167,7 @@ def test_a_pattern_built_under_jit_from_traced_buffers_never_retraces():
         docs = (ids + shift) // 2
         out = run(jnp.asarray(docs), q, k, v)
         mask = numpy_mask(lambda b, h, i, j, docs=docs: (j <= i) & (docs[b, i] == docs[b, j]), 1, 1, 16, 16)
-        want = attention64(q, k, v, mask, 8**-0.5, np.zeros((1, 16, 1, 8)))[0]
+        want = reference64(q, k, v, np.zeros((1, 16, 1, 8)), mask, 8**-0.5)[0]
         np.testing.assert_allclose(np.asarray(out), want, atol=1e-5)
     assert len(traces) == 1
     # a pattern passed to a jitted function: new buffer values, the same program
