@@ -2,6 +2,8 @@
 
 Command (CPU):
   python -m experiments.benchmarks.mask_fn --build-n 4096 16384 131072 --n 16384
+On a GPU (a stage of `experiments.gpu.session`: the kernels, their tiles reading the stored partial-tile masks):
+  python -m experiments.benchmarks.mask_fn --build-n 16384 131072 --n 16384 --impl pallas --tag gpu_mask_fn
 
 Part 1, build, all jitted (median wall time after a warm-up call; compile time apart):
 `from_mask_fn(and_masks(causal_mask, sliding_window_mask(r)), n, n)` with blocks classified by interval bounds, and
@@ -10,7 +12,7 @@ bounds, no block lists) and its 128-token block lists (`BlockLayout.from_interva
 Peak memory is the build's compiled memory (XLA memory analysis: temp + arguments + outputs), checked to stay below
 an n x n bool array (n^2 bytes) wherever n^2 exceeds 4 exhaustive-classification chunks
 (`mask_pattern.CHUNK_ELEMENTS`, about 2 of which are live at once).
-Part 2, fwd+bwd at `--n` on the "xla" executor, side by side in one run: the causal window, causal and document
+Part 2, fwd+bwd at `--n` on the `--impl` executor ("xla" or "pallas"), side by side in one run: the causal window, causal and document
 masks as mask functions and as hand-built `Intervals` (`sliding_window`, `causal`, `document_mask`), and dense
 causal `jax.nn.dot_product_attention`; speedups and memory ratios against dense.
 
@@ -49,13 +51,14 @@ def _timed_build(build, repeats: int) -> dict:
 def build_rows(ns, radius: int, repeats: int) -> list[dict]:
     rows = []
     window = M.and_masks(M.causal_mask, M.sliding_window_mask(radius))
-    cap = (2 + radius // 128, 1)
     for n in ns:
+        cap = (min(2 + radius // 128, -(-n // 128)), 1)
         for name, build in (
-            ("from_mask_fn", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap)),
-            ("from_mask_fn exhaustive", lambda n=n: patterns.from_mask_fn(window, n, n, capacity=cap, exhaustive=True)),
+            ("from_mask_fn", lambda n=n, cap=cap: patterns.from_mask_fn(window, n, n, capacity=cap)),
+            ("from_mask_fn exhaustive",
+             lambda n=n, cap=cap: patterns.from_mask_fn(window, n, n, capacity=cap, exhaustive=True)),
             ("sliding_window", lambda n=n: patterns.sliding_window(n, radius, causal=True)),
-            ("sliding_window + BlockLayout", lambda n=n: patterns.BlockLayout.from_intervals(
+            ("sliding_window + BlockLayout", lambda n=n, cap=cap: patterns.BlockLayout.from_intervals(
                 patterns.sliding_window(n, radius, causal=True), 128, 128, capacity=cap[0])),
         ):
             row = dict(kind=name, n=n, **_timed_build(build, repeats))
@@ -68,7 +71,8 @@ def build_rows(ns, radius: int, repeats: int) -> list[dict]:
     return rows
 
 
-def attention_rows(n: int, radius: int, heads: int, head_dim: int, repeats: int) -> list[benchlib.Row]:
+def attention_rows(n: int, radius: int, heads: int, head_dim: int, repeats: int, impl: str = "xla"
+                   ) -> list[benchlib.Row]:  # fmt: skip
     ks = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(x, (1, n, heads, head_dim), jnp.float32) for x in ks)
     ids = np.repeat(np.arange(8), n // 8)[None].astype(np.int32)  # 8 equal documents
@@ -85,9 +89,9 @@ def attention_rows(n: int, radius: int, heads: int, head_dim: int, repeats: int)
     for name, (mask_fn, hand) in cases.items():
         built = patterns.from_mask_fn(mask_fn, n, n, batch=1 if name == "document" else None)
         for kind, pattern in ((f"{name}_mask_fn", built), (f"{name}_hand_built", hand)):
-            fn = lambda q, k, v, p=pattern: attention(q, k, v, p, implementation="xla")  # noqa: E731
+            fn = lambda q, k, v, p=pattern: attention(q, k, v, p, implementation=impl)  # noqa: E731
             st = patterns.pattern_stats(hand, head_dim, heads=heads)
-            rows.append(benchlib.measure(kind, "xla", n, fn, (q, k, v), repeats=repeats, flops=float(st["flops"]),
+            rows.append(benchlib.measure(kind, impl, n, fn, (q, k, v), repeats=repeats, flops=float(st["flops"]),
                                          extra=dict(mean_keys=float(st["mean_keys"]))))  # fmt: skip
             benchlib.print_row(rows[-1], 22)
     return benchlib.add_ratios(rows)
@@ -100,11 +104,12 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=16384, help="length of the fwd+bwd comparison")
     p.add_argument("--radius", type=int, default=256)
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--impl", choices=("xla", "pallas"), default="xla", help="executor of part 2")
     benchlib.add_timing_args(p, repeats=3, tag="bench_mask_fn", heads=1)
     args = p.parse_args(argv)
     command = benchlib.announce("experiments.benchmarks.mask_fn", argv, args.out_dir)
     built = build_rows(args.build_n, args.radius, args.repeats)
-    rows = attention_rows(args.n, args.radius, args.heads, args.head_dim, args.repeats)
+    rows = attention_rows(args.n, args.radius, args.heads, args.head_dim, args.repeats, args.impl)
     base = os.path.join(args.out_dir, args.tag)
     head = "| pattern | n | build ms | compile s | peak MiB | peak / n^2 bytes |\n|---|---|---|---|---|---|\n"
     build_table = head + "\n".join(

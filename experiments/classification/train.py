@@ -79,8 +79,10 @@ def warm_start_record(config: ClassifyConfig) -> dict:
 ALWAYS_ALLOWED = ("model.attention*.implementation",)
 
 
-def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_changes=(), command: str = "") -> dict:
-    """Train (or resume) in `workdir`; returns the result row (also `<workdir>/result.json`)."""
+def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_changes=(), command: str = "",
+                       profile_steps=None) -> dict:  # fmt: skip
+    """Train (or resume) in `workdir`; returns the result row (also `<workdir>/result.json`). `profile_steps`:
+    (a, b), a `jax.profiler` trace of steps a to b in `<workdir>/profile` (docs/training.md)."""
     tc, task = config.train, config.task
     shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
     train_source = task.source("train")
@@ -104,6 +106,7 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
             allowed_changes=(*ALWAYS_ALLOWED, *allowed_changes),
             log=log,
             warm_start=router_warm_start(config, log),
+            profile_steps=profile_steps,
         )
     finally:
         train_iter.close()
@@ -212,6 +215,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--router_warm_lr", type=float, default=1e-2, help="the warm start's Adam learning rate")
     parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
                         help="on resume, accept this config field (fnmatch pattern) differing; repeatable")
+    cli.add_profile_steps(parser)
     return parser.parse_args(argv)
 
 
@@ -231,7 +235,7 @@ def main(argv=None) -> dict:
     config = config_from_args(args)
     command = "python -m experiments.classification " + shlex.join(argv if argv is not None else sys.argv[1:])
     row = train_and_evaluate(config, args.workdir or default_workdir(args), allowed_changes=args.allow_change,
-                             command=command)
+                             command=command, profile_steps=args.profile_steps)
     if args.results and jax.process_index() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
         with open(args.results, "a") as f:

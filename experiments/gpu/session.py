@@ -102,6 +102,11 @@ STAGES = (
                         "--runs_dir", os.path.join(tempfile.gettempdir(), "gpu_session_classify")],
           merge=tuple(f"{t}.jsonl" for t in TASKS), seeded=True, env=_NO_PREALLOC,
           rehearse=("--config", "smoke", "--num_steps", "2", "--seeds", "0")),
+    # Mask functions on the kernels (stored partial-tile masks) against the hand-built patterns and dense.
+    Stage("mask_fn", "experiments.benchmarks.mask_fn", 45, 10,
+          lambda d, s: ["--build-n", "16384", "131072", "--n", "16384", "--impl", "pallas", "--out-dir", d,
+                        "--tag", "gpu_mask_fn"],
+          rehearse=("--build-n", "256", "--n", "512")),
     # No share of its own: the tile sweep runs on what the stages before it left unused.
     Stage("tune", "experiments.gpu.tune", 0, 25,
           lambda d, s: ["--budget-s", f"{s:.0f}", "--out", d], merge=("gpu_tune.jsonl",), rehearse=("--dry-run",)),
@@ -292,7 +297,9 @@ def unpack(archive: str, results_dir: str = RESULTS_DIR, stages=STAGES, log=prin
                     appended[name] = appended.get(name, 0) + _append_new(src, os.path.join(results_dir, name))
         reports = {os.path.join("check", "gpu_check.md"): "gpu_check.md",
                    os.path.join("tune", "gpu_tune.md"): "gpu_tune.md",
-                   os.path.join("classify", "results.md"): "gpu_classify.md", "session.json": "gpu_session.json"}
+                   os.path.join("classify", "results.md"): "gpu_classify.md", "session.json": "gpu_session.json",
+                   os.path.join("mask_fn", "gpu_mask_fn.md"): "gpu_mask_fn.md",
+                   os.path.join("mask_fn", "gpu_mask_fn.json"): "gpu_mask_fn.json"}
         for src, dst in reports.items():
             if os.path.exists(os.path.join(root, src)):
                 shutil.copyfile(os.path.join(root, src), os.path.join(results_dir, dst))

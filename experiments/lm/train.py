@@ -22,7 +22,6 @@ Writes: the workdir: metrics.jsonl, checkpoints/, summary.json, loss_curves.png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -114,17 +113,6 @@ def print_summary(summary: dict) -> None:
     print("\n".join(["== summary =="] + lines))
 
 
-def _step_range(text: str) -> tuple[int, int]:
-    """"A:B" -> (A, B) with 0 <= A < B."""
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected A:B (two step numbers), got {text!r}") from None
-    if not 0 <= a < b:
-        raise argparse.ArgumentTypeError(f"expected 0 <= A < B, got {text!r}")
-    return a, b
-
-
 @cli.entry_point
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
@@ -140,8 +128,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--coordinator", help="multi-host: host:port of process 0, or 'auto'")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
-    parser.add_argument("--profile_steps", type=_step_range, metavar="A:B",
-                        help="write a jax.profiler trace of steps A to B to <workdir>/profile (docs/training.md)")
+    cli.add_profile_steps(parser)
     args = parser.parse_args(argv)
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)

@@ -264,13 +264,14 @@ def _values(e_BxGxRxQxIxK, v_BxGxQpxKxD):
     return jnp.einsum("bgrqik,bgqkd->bgrqid", e_BxGxRxQxIxK, v)
 
 
-def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNxHxD, lse_BxNxH, rows=None):
+def global_rows(q_BxNxHxD, k_BxNxGxD, v_BxNxGxD, pattern, scale: float, out_BxNxHxD, lse_BxNxH, rows=None,
+                score_fn=None):  # fmt: skip
     """Overwrites the global query rows of (out, lse) with a dense pass over every key (at most `max_global` rows
     per sequence); for executors that leave those rows out (the Pallas kernels). Only sanitised values multiply.
-    `rows`: `prepare_xla(pattern).global_pos` when already built."""
+    `rows`: `prepare_xla(pattern).global_pos` when already built; `score_fn` as in `xla_attention`."""
     q, poison_q = sanitize(q_BxNxHxD)
     k, v, poison_kv = sanitize(k_BxNxGxD, v_BxNxGxD)
-    return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH, rows)
+    return _global_rows(q, k, v, (poison_q, poison_kv), pattern, scale, out_BxNxHxD, lse_BxNxH, rows, score_fn)
 
 
 def _global_rows(q, k, v, poisons, pattern, scale: float, out, lse, rows_BpxM=None, score_fn=None):

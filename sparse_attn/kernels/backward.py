@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from sparse_attn.kernels import flash_gpu, flash_tpu
 from sparse_attn.kernels.config import KernelConfig
-from sparse_attn.kernels.metadata import TileLists, TokenMeta
+from sparse_attn.kernels.metadata import TileLists
 
 
 def delta_BxHxN(out_BxNxHxD, do_BxNxHxD, dlse_BxHxN):
@@ -20,15 +20,15 @@ def delta_BxHxN(out_BxNxHxD, do_BxNxHxD, dlse_BxHxN):
     return rs - dlse_BxHxN
 
 
-def pallas_backward(q, k, v, out, lse, do, dlse, meta: TokenMeta, lists: TileLists, n, scale, cfg: KernelConfig, caps):
-    """(dq, dk, dv) on padded inputs; lse, dlse: [B, H, Np] float32."""
+def pallas_backward(q, k, v, out, lse, do, dlse, meta, lists: TileLists, scale, cfg: KernelConfig, caps, score=None,
+                    buffers=()):  # fmt: skip
+    """(dq, dk, dv) on padded inputs; lse, dlse: [B, H, Nq] float32; `meta`: `TokenMeta` or `ElementMasks`."""
     delta = delta_BxHxN(out, do, dlse)
     sizes = cfg.block_sizes
+    kw = dict(interpret=cfg.interpret, score=score, buffers=buffers)
     if cfg.backend == "triton":
-        kw = dict(num_warps=sizes.num_warps or (4 if q.shape[-1] <= 64 else 8), num_stages=sizes.num_stages)
-        kw["interpret"] = cfg.interpret
-        dq = flash_gpu.backward_dq(q, k, v, do, lse, delta, meta, lists, n, scale, **kw)
-        dk, dv = flash_gpu.backward_dkdv(q, k, v, do, lse, delta, meta, lists, n, scale, **kw)
+        kw.update(num_warps=sizes.num_warps or (4 if q.shape[-1] <= 64 else 8), num_stages=sizes.num_stages)
+        dq = flash_gpu.backward_dq(q, k, v, do, lse, delta, meta, lists, scale, **kw)
+        dk, dv = flash_gpu.backward_dkdv(q, k, v, do, lse, delta, meta, lists, scale, **kw)
         return dq, dk, dv
-    return flash_tpu.backward(q, k, v, do, lse, delta, meta, lists, n, scale, caps, interpret=cfg.interpret)
-
+    return flash_tpu.backward(q, k, v, do, lse, delta, meta, lists, scale, caps, **kw)

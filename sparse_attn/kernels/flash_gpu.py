@@ -6,6 +6,10 @@ once for all of them, and
 walks `fori_loop(0, count)` over the partial list (masked) then the full list (no mask). dK/dV: grid
 (batch * KV heads, key tiles); the program sums over the H/G query heads of its KV head, each walking the
 transposed lists of its pattern head. Metadata refs are whole arrays indexed by (b', h', tile, slot).
+
+A partial tile is masked by the per-token rule (`TokenMeta`, `tiles.tile_mask`) or by its stored element mask
+(`ElementMasks`: mask-function patterns). A score function (`kernels.scores`) turns the scaled logits into the
+scores the online softmax runs on, and its derivative scales dS in the backward.
 """
 
 from __future__ import annotations
@@ -17,15 +21,33 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from sparse_attn.kernels import smem, tiles
+from sparse_attn.kernels import scores, smem, tiles
+from sparse_attn.kernels.element_masks import ElementMasks, kernel_flags
 from sparse_attn.kernels.metadata import TileLists, TokenMeta
 
 _WHOLE = pl.no_block_spec
 
 
-def _meta_refs(meta: TokenMeta):
-    arrays = [meta.lo, meta.hi, meta.tok] + ([] if meta.labels is None else [meta.labels])
+def _meta_refs(meta: TokenMeta | ElementMasks, buffers, transposed: bool):
+    """Whole-array refs of what masks a partial tile (per-token arrays, or stored tiles and their slots) and of a
+    score function's buffers."""
+    if isinstance(meta, ElementMasks):
+        arrays = [meta.tiles, meta.bwd_slot if transposed else meta.fwd_slot]
+    else:
+        arrays = [meta.lo, meta.hi, meta.tok] + ([] if meta.labels is None else [meta.labels])
+    arrays = arrays + list(buffers)
     return arrays, [_WHOLE] * len(arrays)
+
+
+def _unpack_meta(refs, labels, stored, score):
+    """(mask refs, buffer refs, rest): mask refs are (tiles, slots) when stored, else (lo, hi, tok, labels|None)."""
+    if stored:
+        mask, refs = tuple(refs[:2]), refs[2:]
+    else:
+        lo, hi, tok, lab, refs = _unpack(refs, labels)
+        mask = (lo, hi, tok, lab)
+    nbuf = 0 if score is None else score.num_buffers
+    return mask, refs[:nbuf], refs[nbuf:]
 
 
 def _unpack(refs, has_labels):
@@ -62,18 +84,20 @@ def _grid_heads(h: int, g: int, hm: int, bq: int, d: int, itemsize: int) -> int:
     return rp
 
 
-def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclude, rand, do_bwd):
+def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclude, rand, do_bwd, stored, score):
     """Forward (do_bwd=False) or dQ (do_bwd=True) program for one query tile and rp query heads."""
     kv_count, kv_idx = refs[0], refs[1]
     kv_rand = refs[2] if rand else None
     full_count, full_idx = refs[2 + rand], refs[3 + rand]
-    lo_ref, hi_ref, tok_ref, lab_ref, rest = _unpack(refs[4 + rand :], labels)
+    mask_refs, buf_refs, rest = _unpack_meta(refs[4 + rand :], labels, stored, score)
     p, i = pl.program_id(0), pl.program_id(1)
     b, hg = p // hb, p % hb
     bm = b if bmax > 1 else 0
     hm = hg if hmax > 1 else 0
     q0 = i * bq
-    lo, hi, q_tok, q_lab = _q_side(lo_ref, hi_ref, tok_ref, lab_ref, bm, hm, q0, bq, 1)
+    if not stored:
+        lo_ref, hi_ref, tok_ref, lab_ref = mask_refs
+        lo, hi, q_tok, q_lab = _q_side(lo_ref, hi_ref, tok_ref, lab_ref, bm, hm, q0, bq, 1)
     d = rest[0].shape[-1]
     if do_bwd:
         q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref = rest
@@ -83,7 +107,9 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclud
     else:
         q_ref, k_ref, v_ref, o_ref, lse_ref = rest
     qs = [q_ref[:, r, :] for r in range(rp)]
-    c = scale * tiles.LOG2E
+    # With a score function the softmax runs on its (natural-unit) scores; without, on raw logits times c.
+    c = tiles.LOG2E if score is not None else scale * tiles.LOG2E
+    q_col = q0 + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
 
     def step(t, carry, idx_ref, masked):
         kb = idx_ref[bm, hm, i, t]
@@ -92,26 +118,36 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclud
         v = v_ref[pl.ds(k0, bk), :]
         ok = None
         k_mm = k  # dQ's matmul operand
-        if masked:
+        if masked and stored:
+            ok = tiles.stored_mask(mask_refs[0][mask_refs[1][bm, hm, i, t]], transposed=False)
+        elif masked:
             k_tok, k_lab = _k_side(tok_ref, lab_ref, bm, hm, k0, bk, 0)
             flag = kv_rand[bm, hm, i, t] if rand else None
             ok = tiles.tile_mask(
                 q0, k0, (bq, bk), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=False,
                 exclude=exclude,
             )
+        if masked:
             if do_bwd:
                 k_mm = tiles.finite_or_zero(k)
             else:
                 k, v = tiles.poison_keys(k, v)
         out = []
+        k_row = k0 + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
         for r in range(rp):
             s = tiles.dot(qs[r], k, tiles.NT)  # raw logits
+            ds_factor = 1.0
+            if score is not None:
+                got = scores.apply(score, buf_refs, s * scale, b, hg * rp + r, q_col, k_row, transposed=False,
+                                   derivative=do_bwd)  # fmt: skip
+                s, ds_factor = got if do_bwd else (got, 1.0)
             if do_bwd:
                 pr = jnp.exp2(s * c - lse2[r])
-                ds = tiles.select(ok, pr * (tiles.dot(dos[r], v, tiles.NT) - delta[r]))
+                ds = tiles.select(ok, pr * (tiles.dot(dos[r], v, tiles.NT) - delta[r]) * ds_factor)
                 out.append(carry[r] + tiles.dot(ds.astype(k.dtype), k_mm))
             else:
-                out.append(tiles.online_update(*carry[r], tiles.masked_logits(s, ok), v, c=c, masked=masked))
+                masks_rows = masked or score is not None  # a score of -inf can empty a row of a full tile
+                out.append(tiles.online_update(*carry[r], tiles.masked_logits(s, ok), v, c=c, masked=masks_rows))
         return tuple(out)
 
     if do_bwd:
@@ -135,7 +171,7 @@ def _fwd_kernel(*refs, scale, bq, bk, rp, hb, bmax, hmax, causal, labels, exclud
 def _common(q, k, meta, lists):
     b, n_pad, h, d = q.shape
     g = k.shape[2]
-    bmax, hmax = meta.lo.shape[:2]
+    bmax, hmax = meta.lead
     rp = _grid_heads(h, g, hmax, lists.block_q, d, q.dtype.itemsize)
     return b, n_pad, h, d, g, bmax, hmax, rp
 
@@ -145,29 +181,27 @@ def _list_refs(count, idx, rand, full_count, full_idx):
     return arrays, [_WHOLE] * len(arrays)
 
 
-def _q_rows(lists: TileLists, n: int) -> int:
-    return pl.cdiv(n, lists.block_q)
-
-
-def forward(q, k, v, meta: TokenMeta, lists: TileLists, n: int, scale: float, *, num_warps, num_stages, interpret):
-    """q [B, Np, H, D], k/v [B, Np, G, D] -> (out [B, Np, H, D], lse [B, H, Np] float32)."""
+def forward(q, k, v, meta, lists: TileLists, scale: float, *, num_warps, num_stages, interpret, score=None,
+            buffers=()):  # fmt: skip
+    """q [B, Nq, H, D], k/v [B, Nk, G, D] (padded to whole tiles) -> (out [B, Nq, H, D], lse [B, H, Nq] float32);
+    `meta`: `TokenMeta` or `ElementMasks`; `score`, `buffers`: `scores.prepare`'s."""
     b, n_pad, h, d, g, bmax, hmax, rp = _common(q, k, meta, lists)
     bq, bk = lists.block_q, lists.block_k
     hb, r = h // rp, h // g
     la, ls = _list_refs(lists.kv_count, lists.kv_idx, lists.kv_rand, lists.full_count, lists.full_idx)
-    ma, ms = _meta_refs(meta)
+    ma, ms = _meta_refs(meta, buffers, False)
     kv_map = lambda p, i: (p // hb, 0, (p % hb) * rp // r, 0)  # noqa: E731
     kernel = functools.partial(
-        _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.kv_rand is not None, do_bwd=False,
+        _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, rand=lists.kv_rand is not None,
+        do_bwd=False, **kernel_flags(meta, score),
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
-        grid=(b * hb, _q_rows(lists, n)),
+        grid=(b * hb, lists.kv_count.shape[2]),
         in_specs=ls + ms + [
             pl.BlockSpec((None, bq, rp, d), lambda p, i: (p // hb, i, p % hb, 0)),
-            pl.BlockSpec((None, n_pad, None, d), kv_map),
-            pl.BlockSpec((None, n_pad, None, d), kv_map),
+            pl.BlockSpec((None, k.shape[1], None, d), kv_map),
+            pl.BlockSpec((None, k.shape[1], None, d), kv_map),
         ],  # fmt: skip
         out_specs=[
             pl.BlockSpec((None, bq, rp, d), lambda p, i: (p // hb, i, p % hb, 0)),
@@ -180,27 +214,28 @@ def forward(q, k, v, meta: TokenMeta, lists: TileLists, n: int, scale: float, *,
     )(*la, *ma, q, k, v)
 
 
-def backward_dq(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, num_stages, interpret):
-    """dQ [B, Np, H, D] over the forward lists; lse, delta: [B, H, Np] float32."""
+def backward_dq(q, k, v, do, lse, delta, meta, lists, scale, *, num_warps, num_stages, interpret, score=None,
+                buffers=()):  # fmt: skip
+    """dQ [B, Nq, H, D] over the forward lists; lse, delta: [B, H, Nq] float32."""
     b, n_pad, h, d, g, bmax, hmax, rp = _common(q, k, meta, lists)
     bq, bk = lists.block_q, lists.block_k
     hb, r = h // rp, h // g
     la, ls = _list_refs(lists.kv_count, lists.kv_idx, lists.kv_rand, lists.full_count, lists.full_idx)
-    ma, ms = _meta_refs(meta)
+    ma, ms = _meta_refs(meta, buffers, False)
     kv_map = lambda p, i: (p // hb, 0, (p % hb) * rp // r, 0)  # noqa: E731
     q_spec = pl.BlockSpec((None, bq, rp, d), lambda p, i: (p // hb, i, p % hb, 0))
     row_spec = pl.BlockSpec((None, rp, bq), lambda p, i: (p // hb, p % hb, i))
     kernel = functools.partial(
-        _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.kv_rand is not None, do_bwd=True,
+        _fwd_kernel, scale=scale, bq=bq, bk=bk, rp=rp, hb=hb, bmax=bmax, hmax=hmax, rand=lists.kv_rand is not None,
+        do_bwd=True, **kernel_flags(meta, score),
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
-        grid=(b * hb, _q_rows(lists, n)),
+        grid=(b * hb, lists.kv_count.shape[2]),
         in_specs=ls + ms + [
             q_spec,
-            pl.BlockSpec((None, n_pad, None, d), kv_map),
-            pl.BlockSpec((None, n_pad, None, d), kv_map),
+            pl.BlockSpec((None, k.shape[1], None, d), kv_map),
+            pl.BlockSpec((None, k.shape[1], None, d), kv_map),
             q_spec, row_spec, row_spec,
         ],  # fmt: skip
         out_specs=q_spec,
@@ -211,12 +246,13 @@ def backward_dq(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, nu
     )(*la, *ma, q, k, v, do, lse, delta)
 
 
-def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude, rand):
+def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude, rand, stored, score):
     """dK/dV program for one key tile of one KV head: sums over the r query heads that share it."""
     q_count, q_idx = refs[0], refs[1]
     q_rand = refs[2] if rand else None
     full_count, full_idx = refs[2 + rand], refs[3 + rand]
-    lo_ref, hi_ref, tok_ref, lab_ref, rest = _unpack(refs[4 + rand :], labels)
+    mask_refs, buf_refs, rest = _unpack_meta(refs[4 + rand :], labels, stored, score)
+    lo_ref, hi_ref, tok_ref, lab_ref = (None,) * 4 if stored else mask_refs
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref = rest
     p, j = pl.program_id(0), pl.program_id(1)
     b, kvh = p // g, p % g
@@ -225,7 +261,8 @@ def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude
     k = k_ref[...]
     v = v_ref[...]
     d = k.shape[-1]
-    k_tok, k_lab = _k_side(tok_ref, lab_ref, bm, 0, k0, bk, 1) if lab_ref is None else (None, None)
+    k_tok, k_lab = _k_side(tok_ref, lab_ref, bm, 0, k0, bk, 1) if lab_ref is None and not stored else (None, None)
+    k_col = k0 + jax.lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
     carry = (jnp.zeros((bk, d), jnp.float32), jnp.zeros((bk, d), jnp.float32))
     for rr in range(r):
         h = kvh * r + rr
@@ -240,20 +277,29 @@ def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude
             sl = pl.ds(q0, bq)
             q = q_ref[sl, h, :]
             do = do_ref[sl, h, :]
-            s2t = tiles.dot(k, q, tiles.NT) * (scale * tiles.LOG2E)  # [bk, bq]: keys down
+            st = tiles.dot(k, q, tiles.NT)  # [bk, bq]: keys down
+            s2t, ds_factor = st * (scale * tiles.LOG2E), 1.0
+            if score is not None:
+                q_row = q0 + jax.lax.broadcasted_iota(jnp.int32, (1, bq), 1)
+                st, ds_factor = scores.apply(score, buf_refs, st * scale, b, h, q_row, k_col, transposed=True,
+                                             derivative=True)  # fmt: skip
+                s2t = st * tiles.LOG2E
             ok = None
             q_mm = q  # dK's matmul operand
-            if masked:
+            if masked and stored:
+                ok = tiles.stored_mask(mask_refs[0][mask_refs[1][bm, hm, j, t]], transposed=True)
+            elif masked:
                 lo, hi, q_tok, q_lab = _q_side(lo_ref, hi_ref, tok_ref, lab_ref, bm, hm, q0, bq, 0)
                 flag = q_rand[bm, hm, j, t] if rand else None
                 ok = tiles.tile_mask(
                     q0, k0, (bk, bq), lo, hi, q_tok, k_tok, q_lab, k_lab, flag, causal=causal, transposed=True,
                     exclude=exclude,
                 )
+            if masked:
                 q_mm = tiles.finite_or_zero(q)
             pt = tiles.select(ok, jnp.exp2(s2t - tiles.lse2(lse_ref[h, sl])[None, :]))
             dpt = tiles.dot(v, do, tiles.NT)
-            dst = tiles.select(ok, pt * (dpt - delta_ref[h, sl][None, :]))
+            dst = tiles.select(ok, pt * (dpt - delta_ref[h, sl][None, :]) * ds_factor)
             return dk + tiles.dot(dst.astype(q.dtype), q_mm), dv + tiles.dot(pt.astype(do.dtype), do)
 
         carry = jax.lax.fori_loop(0, q_count[bm, hm, j], functools.partial(step, idx_ref=q_idx, masked=True), carry)
@@ -264,23 +310,24 @@ def _dkdv_kernel(*refs, scale, bq, bk, r, g, bmax, hmax, causal, labels, exclude
     dv_ref[...] = carry[1].astype(dv_ref.dtype)
 
 
-def backward_dkdv(q, k, v, do, lse, delta, meta, lists, n, scale, *, num_warps, num_stages, interpret):
-    """(dK, dV) [B, Np, G, D] over the transposed lists."""
+def backward_dkdv(q, k, v, do, lse, delta, meta, lists, scale, *, num_warps, num_stages, interpret, score=None,
+                  buffers=()):  # fmt: skip
+    """(dK, dV) [B, Nk, G, D] over the transposed lists."""
     b, n_pad, h, d = q.shape
     g = k.shape[2]
-    bmax, hmax = meta.lo.shape[:2]
+    bmax, hmax = meta.lead
     bq, bk = lists.block_q, lists.block_k
     la, ls = _list_refs(lists.q_count, lists.q_idx, lists.q_rand, lists.full_q_count, lists.full_q_idx)
-    ma, ms = _meta_refs(meta)
+    ma, ms = _meta_refs(meta, buffers, True)
     kv_spec = pl.BlockSpec((None, bk, None, d), lambda p, j: (p // g, j, p % g, 0))
     whole_b = lambda shape: pl.BlockSpec((None,) + shape, lambda p, j: (p // g,) + (0,) * len(shape))  # noqa: E731
     kernel = functools.partial(
-        _dkdv_kernel, scale=scale, bq=bq, bk=bk, r=h // g, g=g, bmax=bmax, hmax=hmax, causal=meta.causal,
-        labels=meta.labels is not None, exclude=meta.exclude, rand=lists.q_rand is not None,
+        _dkdv_kernel, scale=scale, bq=bq, bk=bk, r=h // g, g=g, bmax=bmax, hmax=hmax, rand=lists.q_rand is not None,
+        **kernel_flags(meta, score),
     )  # fmt: skip
     return pl.pallas_call(
         kernel,
-        grid=(b * g, pl.cdiv(n, bk)),
+        grid=(b * g, lists.q_count.shape[2]),
         in_specs=ls + ms + [
             whole_b((n_pad, h, d)), kv_spec, kv_spec, whole_b((n_pad, h, d)), whole_b((h, n_pad)), whole_b((h, n_pad)),
         ],  # fmt: skip

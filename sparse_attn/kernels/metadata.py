@@ -48,6 +48,10 @@ class TokenMeta:
     causal: bool = dataclasses.field(metadata=dict(static=True))
     exclude: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
+    @property
+    def lead(self) -> tuple[int, int]:
+        return self.lo.shape[:2]
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

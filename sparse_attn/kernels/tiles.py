@@ -65,6 +65,14 @@ def tile_mask(q0, k0, shape, lo, hi, q_tok, k_tok, q_labels, k_labels, rand, *, 
     return ok
 
 
+def stored_mask(tile, *, transposed: bool):
+    """bool tile from a loaded int8 [bq, bk] element mask (`element_masks.ElementMasks`), keys down when `transposed`
+    (transposed as 32-bit: the narrowest transpose every backend lowers)."""
+    if transposed:
+        tile = tile.astype(jnp.int32).T
+    return tile != 0
+
+
 def online_update(m, row_sum, acc, s, v, *, c: float, masked: bool):
     """One step of the online softmax on raw logits s [bq, bk] (weights exp2((s - m) * c)); m (raw units), row_sum:
     [bq, 1], acc: [bq, D] float32."""

@@ -53,6 +53,23 @@ def positive_int(text: str) -> int:
     return value
 
 
+def step_range(text: str) -> tuple[int, int]:
+    """An argparse `type`: "A:B" -> (A, B) with 0 <= A < B (the runners' `--profile_steps`)."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A:B (two step numbers), got {text!r}") from None
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError(f"expected 0 <= A < B, got {text!r}")
+    return a, b
+
+
+def add_profile_steps(parser) -> None:
+    """The runners' `--profile_steps A:B` (`train_and_evaluate(..., profile_steps=)`)."""
+    parser.add_argument("--profile_steps", type=step_range, metavar="A:B",
+                        help="write a jax.profiler trace of steps A to B to <workdir>/profile (docs/training.md)")
+
+
 def fail(prog: str, error: BaseException | str, status: int = 2) -> None:
     """Print `error` as one line for `prog` and exit with `status`."""
     text = " ".join(str(error).split()) or type(error).__name__

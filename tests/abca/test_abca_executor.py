@@ -114,3 +114,25 @@ def test_zone_pattern_packed_matches_its_reference_through_attention(stage, caus
     for a, b in zip(g1, g2, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
     assert sparse_attn.default_implementation("cpu", abca.ZonePattern) == "packed"
+
+
+def test_a_score_function_runs_on_the_zone_pattern_executors_that_take_one():
+    """ALiBi + softcap on ABCA's pattern: "xla" == "reference" (out and gradients); "packed" refuses it by name."""
+    from sparse_attn import score_fns as S
+
+    zones = _zones(4, 6)
+    pattern = abca.ZonePattern(zones, stage="layer", causal=True, max_zone=6)
+    q, k, v = _qkv(3, 4, 2)
+    score_fn = S.compose(S.alibi(S.alibi_slopes(4)), S.softcap(3.0))
+
+    def run(impl):
+        f = lambda q, k, v: jnp.sum(jnp.sin(sparse_attn.attention(q, k, v, pattern, implementation=impl,  # noqa: E731
+                                                                  score_fn=score_fn)))  # fmt: skip
+        return jax.value_and_grad(f, (0, 1, 2))(q, k, v)
+
+    (l1, g1), (l2, g2) = run("xla"), run("reference")
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    for a, b in zip(g1, g2, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="applies no score function"):
+        sparse_attn.attention(q, k, v, pattern, implementation="packed", score_fn=score_fn)

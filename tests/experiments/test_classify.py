@@ -78,8 +78,10 @@ def test_smoke_config_of_each_task(tmp_path, task, attention):
 def test_cli_digits_dense_appends_a_result_line(tmp_path):
     results = tmp_path / "results" / "digits.jsonl"
     argv = ["--task", "digits", "--n", "64", "--mechanism", "dense", "--config", "smoke",
-            "--workdir", str(tmp_path / "run"), "--results", str(results)]
+            "--workdir", str(tmp_path / "run"), "--results", str(results), "--profile_steps", "1:2"]
     row = classify.main(argv)
+    traces = [f for _, _, files in os.walk(tmp_path / "run" / "profile") for f in files if f.endswith(".xplane.pb")]
+    assert traces, "no jax.profiler trace under <workdir>/profile"
     _check_row(row, task="digits", attention="dense")
     assert row["layers"][0]["attn_vs_dense"] == pytest.approx(1.0)
     (line,) = results.read_text().splitlines()

@@ -73,13 +73,16 @@ PATTERNS = {
     "window_globals": lambda: P.longformer(N, 3, 2, valid_len=jnp.asarray(VL)),
     "block_layout": lambda: P.BlockLayout.from_intervals(P.sliding_window(N, 5, causal=True), 8, 8),
     "neighbours": lambda: neighbours(),
-    "mask_fn": lambda: P.from_mask_fn(lambda b, h, q, k: (k <= q) & (k % 3 != 1), N, N, block_size=8),
+    "mask_fn": lambda: P.from_mask_fn(lambda b, h, q, k: (k <= q) & (k % 3 != 1), N, N, block_size=16),
 }  # fmt: skip
+CASES = [(name, impl) for name in sorted(PATTERNS) for impl in ("reference", "xla", "pallas")
+         if (name, impl) != ("neighbours", "pallas")]  # fmt: skip  (neighbour lists have no kernel)
 
 
-@pytest.mark.parametrize("impl", ["reference", "xla"])
-@pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.parametrize("name,impl", CASES)
 def test_scores_and_gradients_match_the_float64_oracle(name, impl):
+    """On "pallas" (the Triton kernels, interpret mode) a differentiated table takes the XLA backward; the kernels'
+    own backward is checked with the table held fixed."""
     pattern = PATTERNS[name]()
     ks = jax.random.split(jax.random.key(7), 5)
     q = jax.random.normal(ks[0], (B, N, H, D)) * 2
@@ -104,6 +107,10 @@ def test_scores_and_gradients_match_the_float64_oracle(name, impl):
     if dead.any():
         b, n = np.nonzero(np.broadcast_to(dead, (B, N)))
         assert np.all(np.asarray(got[2])[b, n] == 0) and np.all(np.asarray(got[3])[b, n] == 0)
+    if impl == "pallas":
+        _, vjp = jax.vjp(lambda q, k, v: run(q, k, v, table), q, k, v)
+        for what, g, w in zip(("dq", "dk", "dv"), vjp(do), want[1:4], strict=True):
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=2e-5, rtol=2e-5, err_msg="kernel " + what)
 
 
 def test_the_buckets_and_slopes_follow_their_definitions():
@@ -120,8 +127,6 @@ def test_none_picks_an_executor_that_applies_scores_and_bad_input_is_refused():
     pattern = P.causal(N)
     assert registry.takes_scores(type(pattern), sa.resolve_implementation(pattern))
     q = jnp.ones((1, N, 2, D))
-    with pytest.raises(ValueError, match="applies no score function"):
-        sa.attention(q, q, q, pattern, implementation="pallas", score_fn=S.softcap(1.0))
     with pytest.raises(ValueError, match="one float score per"):
         sa.attention(q, q, q, pattern, score_fn=lambda s, b, h, i, j: jnp.zeros(3))
     with pytest.raises(ValueError, match="one float score per"):

@@ -15,6 +15,7 @@ from experiments.lm import configs as lm_configs
 from experiments.lm import train as lm
 from sparse_attn.data import TextSource
 from sparse_attn.models import TransformerConfig
+from sparse_attn.studies import cli
 from sparse_attn.studies import lm as lm_objective
 from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.train import TrainConfig, read_metrics
@@ -35,10 +36,10 @@ def _micro(tmp_path) -> lm_configs.LMConfig:
 
 
 def test_profile_steps_are_two_ordered_step_numbers():
-    assert lm._step_range("2:5") == (2, 5)
+    assert cli.step_range("2:5") == (2, 5)
     for bad in ("5:2", "3", "a:b", "-1:2"):
         with pytest.raises(argparse.ArgumentTypeError, match="A:B|0 <= A < B"):
-            lm._step_range(bad)
+            cli.step_range(bad)
 
 
 def test_train_resume_summary_and_plot(tmp_path, capsys):

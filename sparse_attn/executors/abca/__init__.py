@@ -115,5 +115,5 @@ def _via_intervals(name: str):
 registry.register_executor(
     ZonePattern, "packed", packed_attention, default_on=("cpu", "gpu", "tpu"), prepare=prepare_packed
 )
-registry.register_executor(ZonePattern, "xla", **_via_intervals("xla"))
-registry.register_executor(ZonePattern, "pallas", **_via_intervals("pallas"))
+registry.register_executor(ZonePattern, "xla", **_via_intervals("xla"), scores=True)
+registry.register_executor(ZonePattern, "pallas", **_via_intervals("pallas"), scores=True)

@@ -75,5 +75,5 @@ def _via_window(name: str):
 registry.register_executor(
     LabelPattern, "bucketed", bucketed, default_on=("cpu", "gpu", "tpu"), prepare=prepare_bucketed, aux=True
 )
-registry.register_executor(LabelPattern, "xla", _via_window("xla"))
-registry.register_executor(LabelPattern, "pallas", _via_window("pallas"))
+registry.register_executor(LabelPattern, "xla", _via_window("xla"), scores=True)
+registry.register_executor(LabelPattern, "pallas", _via_window("pallas"), scores=True)
