@@ -116,7 +116,7 @@ STAGES = (
 GPU_CONFIGS = ("full", "gpu_full", "gpu")
 
 # What the stages import; a missing one is named in the log and the summary before anything runs.
-NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "chex", "numpy", "tqdm", "matplotlib")
+NEEDED = ("jax", "flax", "optax", "orbax.checkpoint", "numpy", "tqdm", "matplotlib")
 
 
 def allot(stages, budget_s: float) -> dict[str, float]:
