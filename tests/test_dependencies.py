@@ -2,8 +2,11 @@
 imported by the library or the experiments, the test extra's libraries by the tests or the code they exercise; the accelerator extras install
 jax itself, at the core pin."""
 
+import json
 import os
 import re
+import subprocess
+import sys
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,3 +61,22 @@ def test_the_accelerator_extras_install_jax_at_the_core_pin():
     pin = core[len("jax"):]
     assert project["optional-dependencies"]["gpu"] == [f"jax[cuda12]{pin}"]
     assert project["optional-dependencies"]["tpu"] == [f"jax[tpu]{pin}"]
+
+
+def test_the_accelerator_extras_resolve_a_matching_jax_plugin(tmp_path):
+    """`pip install --dry-run` of each accelerator extra's requirements (the package index, nothing installed):
+    gpu resolves jax's CUDA 12 plugin and PJRT at jax's own version, tpu resolves libtpu."""
+    extras = _project()["optional-dependencies"]
+    want = {"gpu": ("jax-cuda12-plugin", "jax-cuda12-pjrt"), "tpu": ("libtpu",)}
+    for extra, plugins in want.items():
+        report = tmp_path / f"{extra}.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--disable-pip-version-check", "--report", str(report), *extras[extra]]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        with open(report) as f:
+            versions = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.load(f)["install"]}
+        for plugin in plugins:
+            assert plugin in versions, f"[{extra}] resolved no {plugin}: {sorted(versions)}"
+        if extra == "gpu":
+            assert versions["jax-cuda12-plugin"] == versions["jax"] == versions["jaxlib"], versions
