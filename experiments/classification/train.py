@@ -41,6 +41,7 @@ from sparse_attn.studies import classification as cm
 from sparse_attn.studies import cli
 from sparse_attn.studies import warm_start as rws
 from sparse_attn.studies.mechanisms import mechanism_names
+from sparse_attn.studies.overrides import apply_overrides
 from sparse_attn.studies.runs import git_commit
 from sparse_attn.studies.tasks import TASKS, task_buckets
 from sparse_attn.train import read_metrics
@@ -216,6 +217,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
                         help="on resume, accept this config field (fnmatch pattern) differing; repeatable")
     cli.add_profile_steps(parser)
+    cli.add_overrides(parser)
     return parser.parse_args(argv)
 
 
@@ -226,7 +228,7 @@ def config_from_args(args: argparse.Namespace) -> ClassifyConfig:
     if args.router_warm_start:
         config = dataclasses.replace(config, router_warm_start=args.router_warm_start,
                                      router_warm_lr=args.router_warm_lr)
-    return config
+    return apply_overrides(config, args.overrides)
 
 
 @cli.entry_point

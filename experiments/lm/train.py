@@ -34,6 +34,7 @@ from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
 from sparse_attn.studies.lm import corpus_fingerprint, eval_fn, loss_fn
 from sparse_attn.studies.mechanisms import mechanism_names, parse_names
+from sparse_attn.studies.overrides import apply_overrides
 from sparse_attn.train import distributed, read_metrics
 from sparse_attn.train import train_and_evaluate as train_loop
 
@@ -129,10 +130,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
     cli.add_profile_steps(parser)
+    cli.add_overrides(parser)
     args = parser.parse_args(argv)
 
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     config = CONFIGS[args.config]()
+    # Sizes first (--mechanism builds one attention config per layer), then every override again, last.
+    config = apply_overrides(config, [o for o in args.overrides if not o.startswith("model.attention")])
     if args.mechanism:
         names = parse_names(args.mechanism, config.model.num_layers)
         att = tuple(attention_by_name(n, config.train.seq_len) for n in names)
@@ -141,6 +145,7 @@ def main(argv=None) -> dict:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
     if args.text:
         config = dataclasses.replace(config, data=TextSource(path=args.text))
+    config = apply_overrides(config, args.overrides)
     summary = train_and_evaluate(config, args.workdir, allowed_changes=args.allow_change,
                                  profile_steps=args.profile_steps)
     if jax.process_index() == 0:

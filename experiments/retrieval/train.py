@@ -34,7 +34,7 @@ import optax
 
 from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
-from sparse_attn.models import TransformerLM
+from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.studies import cli
 from sparse_attn.studies.budget import (
     attention_for_budget,
@@ -45,6 +45,8 @@ from sparse_attn.studies.budget import (
 )
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
 from sparse_attn.studies.runs import git_commit, print_status, run_module
+from sparse_attn.studies.overrides import apply_overrides
+from sparse_attn.train import TrainConfig
 from sparse_attn.train import train_and_evaluate as train_loop
 
 RESULTS = os.path.join("experiments", "results", "retrieval.jsonl")
@@ -108,9 +110,18 @@ def make_eval_fn(n: int):
     return eval_fn
 
 
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What a retrieval run's command-line overrides address: `model.<field>=...`, `train.<field>=...`."""
+
+    model: TransformerConfig
+    train: TrainConfig
+
+
 def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "",
-        log=print) -> dict:
-    """Train one (task, n, mechanism, budget, seed) run, resuming in `workdir`; append its row to `results`."""
+        log=print, overrides=()) -> dict:
+    """Train one (task, n, mechanism, budget, seed) run, resuming in `workdir`; append its row to `results`.
+    `overrides`: "field.path=value" items (`studies.overrides`) on `RunConfig`."""
     if cell.mechanism in EXPLICIT:
         raise ValueError(f"{cell.mechanism}: the retrieval tasks have no anchor token; use abca_fixed")
     setup = SETUPS[config]
@@ -120,6 +131,8 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
     # Every checkpoint stays: `experiments.retrieval.diagnose --step` reads a run over its training.
     train = dataclasses.replace(train, keep_period=train.checkpoint_every)
     model = dataclasses.replace(model, vocab_size=task.vocab_size)
+    chosen = apply_overrides(RunConfig(model, train), overrides)
+    model, train = chosen.model, chosen.train
     shard = dict(process_index=jax.process_index(), process_count=jax.process_count())
     valid = list(eval_batches(task.source("validation"), global_batch=train.global_batch, **shard))
     summary = train_loop(
@@ -165,9 +178,10 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
 
 def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: float,
              total_s: float | None = None, min_cell_s: float = 30.0, run_cmd=run_module,
-             clock=time.monotonic, log=print) -> dict:
+             clock=time.monotonic, log=print, overrides=()) -> dict:
     """Each (task, cell) without a result row, in a subprocess with a time limit (rerun to resume). `total_s`:
-    the whole grid's wall clock; a cell gets min(time_limit_s, what is left) and none starts under `min_cell_s`."""
+    the whole grid's wall clock; a cell gets min(time_limit_s, what is left) and none starts under `min_cell_s`.
+    `overrides`: passed to every cell."""
     status = {}
     t_end = None if total_s is None else clock() + total_s
     for task_name, cell in cells:
@@ -183,7 +197,8 @@ def run_grid(cells, *, config: str, results: str, runs_dir: str, time_limit_s: f
             continue
         workdir = os.path.join(runs_dir, config, f"{task_name}_n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
         argv = ["--task", task_name, "--config", config, "--n", str(cell.n), "--mechanism", cell.mechanism,
-                "--budget", f"{cell.budget:g}", "--seed", str(cell.seed), "--results", results, "--workdir", workdir]
+                "--budget", f"{cell.budget:g}", "--seed", str(cell.seed), "--results", results, "--workdir", workdir,
+                *overrides]
         log(f"== {key}")
         t0 = time.perf_counter()
         rc = run_cmd("experiments.retrieval", argv, limit)
@@ -246,6 +261,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--min_cell_s", type=float, default=30.0, help="start no --grid run with less time left")
     parser.add_argument("--plot", metavar="PNG", help="plot accuracy vs distance of the --results rows of --task, "
                         "--config, --n and --budget (one line per mechanism) to PNG; trains nothing")
+    cli.add_overrides(parser)
     args = parser.parse_args(argv)
     if args.plot:
         rows = [r for r in read_rows(args.results) if (r.get("task"), r.get("config"), r.get("n"),
@@ -258,14 +274,16 @@ def main(argv=None) -> dict:
         return {"plot": args.plot}
     if args.grid:
         status = run_grid(GRIDS[args.grid], config=args.config, results=args.results, runs_dir=args.runs_dir,
-                          time_limit_s=args.time_limit, total_s=args.total_s, min_cell_s=args.min_cell_s)
+                          time_limit_s=args.time_limit, total_s=args.total_s, min_cell_s=args.min_cell_s,
+                          overrides=args.overrides)
         return print_status(status)
     check_budget_name(args.mechanism)
     cell = Cell(args.n, args.mechanism, args.budget, args.seed)
     workdir = args.workdir or os.path.join(args.runs_dir, args.config,
                                            f"{args.task}_n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
     command = "python -m experiments.retrieval " + shlex.join(argv if argv is not None else sys.argv[1:])
-    row = run(args.task, args.config, cell, workdir=workdir, results=args.results, command=command)
+    row = run(args.task, args.config, cell, workdir=workdir, results=args.results, command=command,
+              overrides=args.overrides)
     print(json.dumps({k: row[k] for k in ("task", "n", "mechanism", "steps", "accuracy", "seq_accuracy",
                                           "accuracy_by_distance")}))
     return row

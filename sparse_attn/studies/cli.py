@@ -70,6 +70,13 @@ def add_profile_steps(parser) -> None:
                         help="write a jax.profiler trace of steps A to B to <workdir>/profile (docs/training.md)")
 
 
+def add_overrides(parser) -> None:
+    """The runners' positional `FIELD=VALUE` config overrides (`studies.overrides`)."""
+    parser.add_argument("overrides", nargs="*", metavar="FIELD=VALUE",
+                        help="override any config field, e.g. model.num_layers=3 train.learning_rate=1e-3 "
+                             "model.attention.0.radius=64 (stored with the run; a resume must not change them)")
+
+
 def fail(prog: str, error: BaseException | str, status: int = 2) -> None:
     """Print `error` as one line for `prog` and exit with `status`."""
     text = " ".join(str(error).split()) or type(error).__name__
