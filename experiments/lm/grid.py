@@ -51,7 +51,7 @@ from sparse_attn.studies.cells import (
     row_key,
     stats_curve,
 )
-from sparse_attn.studies.runs import git_commit, print_status, run_module
+from sparse_attn.studies.runs import default_results, git_commit, print_status, run_module
 from sparse_attn.train import TrainConfig, read_metrics
 
 RESULTS = os.path.join("experiments", "results", "lm.jsonl")
@@ -193,13 +193,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--budget", type=float, default=24.0, help="target keys per query (allowed pairs / token)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", help="default runs/lm_grid/<config>/n<n>_<mechanism>_k<budget>_s<seed>")
-    parser.add_argument("--results", default=RESULTS)
+    parser.add_argument("--results", help=f"append rows here (default: {RESULTS}; <runs_dir>/results.jsonl for "
+                        "the smoke config)")
     parser.add_argument("--runs_dir", default=os.path.join("runs", "lm_grid"))
     parser.add_argument("--time_limit", type=float, default=3600, help="seconds per cell (--grid)")
     parser.add_argument("--eval_every", type=int, help="validate every this many steps instead of the config's (a "
                         "denser validation curve, e.g. around label attention's phase changes; training is unchanged)")
     parser.add_argument("--report", action="store_true", help="print the table of --results and exit")
     args = parser.parse_args(argv)
+    if args.results is None:
+        args.results = default_results(RESULTS, args.runs_dir, config=args.config)
     if args.report:
         print(report(read_rows(args.results)))
         return {}

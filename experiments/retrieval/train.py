@@ -44,7 +44,7 @@ from sparse_attn.studies.budget import (
     recorded_fields,
 )
 from sparse_attn.studies.cells import Cell, finite, model_and_train, peak_mib, read_rows, stats_curve
-from sparse_attn.studies.runs import git_commit, print_status, run_module
+from sparse_attn.studies.runs import default_results, git_commit, print_status, run_module
 from sparse_attn.studies.overrides import apply_overrides
 from sparse_attn.train import TrainConfig
 from sparse_attn.train import train_and_evaluate as train_loop
@@ -254,7 +254,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--budget", type=float, default=24.0, help="target keys per query")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir")
-    parser.add_argument("--results", default=RESULTS)
+    parser.add_argument("--results", help=f"append rows here (default: {RESULTS}; <runs_dir>/results.jsonl for "
+                        "the smoke config or a run with overrides)")
     parser.add_argument("--runs_dir", default=os.path.join("runs", "retrieval"))
     parser.add_argument("--time_limit", type=float, default=3600, help="seconds per run (--grid)")
     parser.add_argument("--total_s", type=float, help="seconds for the whole --grid (default: no limit)")
@@ -263,6 +264,8 @@ def main(argv=None) -> dict:
                         "--config, --n and --budget (one line per mechanism) to PNG; trains nothing")
     cli.add_overrides(parser)
     args = parser.parse_args(argv)
+    if args.results is None:
+        args.results = default_results(RESULTS, args.runs_dir, config=args.config, scratch=bool(args.overrides))
     if args.plot:
         rows = [r for r in read_rows(args.results) if (r.get("task"), r.get("config"), r.get("n"),
                 r.get("budget_keys_per_query")) == (args.task, args.config, args.n, args.budget)]

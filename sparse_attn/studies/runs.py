@@ -44,3 +44,11 @@ def print_status(status: dict) -> dict:
     for cell, how in status.items():
         print(f"{how:30s} {cell}")
     return {"status": status}
+
+
+def default_results(tracked: str, runs_dir: str, *, config: str, scratch: bool = False) -> str:
+    """Where a runner appends its rows when `--results` is not given: a study config's cells append to the tracked
+    rows (`tracked`, under experiments/results/); the smoke config, or a scratch run (`scratch`: its config
+    changed by overrides, so not the study's cell), writes `<runs_dir>/results.jsonl`: trying a command leaves
+    `git status` clean."""
+    return os.path.join(runs_dir, "results.jsonl") if config == "smoke" or scratch else tracked

@@ -72,3 +72,12 @@ def test_the_classification_and_retrieval_runners_take_overrides(tmp_path):
                        run_cmd=lambda module, argv, limit: calls.append(argv) or 0, log=lambda m: None,
                        overrides=("train.num_steps=3",))  # fmt: skip
     assert calls[0][-1] == "train.num_steps=3"
+
+
+def test_smoke_and_scratch_runs_write_untracked_results_unless_asked():
+    from sparse_attn.studies.runs import default_results
+
+    tracked = retrieval.RESULTS
+    assert default_results(tracked, "runs/retrieval", config="cpu") == tracked  # a study cell
+    assert default_results(tracked, "runs/retrieval", config="smoke") == "runs/retrieval/results.jsonl"
+    assert default_results(tracked, "runs/retrieval", config="cpu", scratch=True) == "runs/retrieval/results.jsonl"
