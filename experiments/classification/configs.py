@@ -63,7 +63,7 @@ def smoke(task: str = "listops", n: int = 64, attention: str = "dense", seed: in
     """
     return _config("smoke", task, n, attention, layers=1, dim=32, heads=2, mlp=64, num_train=64, num_validation=16,
                    seed=seed, global_batch=8, num_steps=4, learning_rate=1e-3, warmup_steps=1,
-                   checkpoint_every=2, eval_every=4, eval_batches=2, progress=False)
+                   checkpoint_every=2, eval_every=4, eval_batches=2)
 
 
 def small(task: str = "digits", n: int = 64, attention: str = "dense", seed: int = 0) -> ClassifyConfig:

@@ -118,6 +118,13 @@ class RunConfig:
     train: TrainConfig
 
 
+def eval_summary(ev: dict) -> dict:
+    """The log line of an evaluation: rates from the summed counts."""
+    rate = lambda a, b: float(ev[a]) / float(ev[b]) if float(ev[b]) else float("nan")  # noqa: E731
+    return {"accuracy": rate("correct", "count"), "seq_accuracy": rate("seq_correct", "seq_count"),
+            "loss": rate("nll_sum", "count")}  # fmt: skip
+
+
 def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "",
         log=print, overrides=()) -> dict:
     """Train one (task, n, mechanism, budget, seed) run, resuming in `workdir`; append its row to `results`.
@@ -144,6 +151,7 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
         experiment={"task_name": task_name, "task": task, "mechanism": cell.mechanism, "model": model},
         allowed_changes=("model.attention*.implementation",),
         log=log,
+        eval_summary=eval_summary,
     )
     ev = summary["eval"]
     ratio = lambda a, b: float(a) / float(b) if b else None  # noqa: E731

@@ -38,7 +38,7 @@ def model_and_train(scale: Scale, n: int, attention, seed: int) -> tuple[Transfo
     train = TrainConfig(seed=seed, global_batch=scale.batch, seq_len=n, num_steps=scale.steps, learning_rate=scale.lr,
                         warmup_steps=scale.warmup, weight_decay=0.1, grad_clip=1.0,
                         checkpoint_every=scale.checkpoint_every, keep_checkpoints=1, eval_every=scale.eval_every,
-                        eval_batches=scale.eval_batches, progress=False)
+                        eval_batches=scale.eval_batches)
     return model, train
 
 

@@ -84,6 +84,7 @@ def train_and_evaluate(
     log: Callable[[str], None] = print,
     warm_start: Callable[[nnx.Module], None] | None = None,
     profile_steps: tuple[int, int] | None = None,
+    eval_summary: Callable[[dict], dict] | None = None,
 ) -> dict:
     """Train to `config.num_steps` (resuming from `workdir` if it holds a checkpoint).
 
@@ -109,6 +110,8 @@ def train_and_evaluate(
         to `<workdir>/profile` (TensorBoard's profile plugin or Perfetto read it; docs/training.md). The trace
         starts after the compile and stops once step b's results are on the host; a run that resumes past a
         traces nothing.
+      eval_summary: `metrics -> {name: value}`, what an evaluation's log line shows (e.g. accuracy = correct /
+        count where `eval_fn` returns sums); default the metrics themselves. The metrics file keeps them all.
     Returns:
       A summary: steps, parameter count, memory, last train metrics, final eval metrics.
     """
@@ -264,8 +267,9 @@ def train_and_evaluate(
                     eval_metrics = evaluate(state)
                     writer.write(step, "valid", eval_metrics)
                     summary["eval"] = {"step": step, **eval_metrics}
-                    msg = f"step {step}: valid " + " ".join(f"{k}={v:.4f}" for k, v in eval_metrics.items())
-                    progress.write(msg) if config.progress else info(msg)
+                    shown = eval_summary(eval_metrics) if eval_summary is not None else eval_metrics
+                    msg = f"step {step}: valid " + " ".join(f"{k}={float(v):.4f}" for k, v in shown.items())
+                    progress.log(info, msg)
             flush(keep_last=False)
             if interrupt.requested is not None:
                 # Keep the work done so far: the last dispatched state, checked above, then saved.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -112,8 +113,10 @@ class Progress:
     """tqdm bar with loss and tokens/s; tqdm itself shows step, rate and ETA."""
 
     def __init__(self, *, total: int, initial: int, tokens_per_step: int, enabled: bool):
+        # Not a terminal (a log file, a grid's subprocess): a line every 30 s instead of a redrawn bar.
+        interval = 0.1 if sys.stderr.isatty() else 30.0
         self._bar = tqdm.tqdm(total=total, initial=initial, disable=not enabled, unit="step",
-                              dynamic_ncols=True, smoothing=0.1)
+                              dynamic_ncols=True, smoothing=0.1, mininterval=interval)
         self._tokens_per_step = tokens_per_step
         self._initial = initial
         self._t0 = None
@@ -131,9 +134,10 @@ class Progress:
         self._bar.update(step - self._bar.n)
         self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
 
-    def write(self, msg: str) -> None:
-        if not self._bar.disable:
-            self._bar.write(msg)
+    def log(self, log, msg: str) -> None:
+        """`log(msg)` (the run's log callable) with the bar cleared around it."""
+        with tqdm.tqdm.external_write_mode():
+            log(msg)
 
     def close(self) -> None:
         self._bar.close()

@@ -3,6 +3,7 @@ the cpu_small setup's distances against the local window, the plot."""
 
 import dataclasses
 import json
+import re
 import types
 
 import jax
@@ -50,8 +51,11 @@ def test_eval_counts_match_a_hand_count_by_distance():
 
 def test_smoke_run_writes_a_row(tmp_path):
     results = tmp_path / "retrieval.jsonl"
+    lines = []
     row = retrieval.run("passkey", "smoke", Cell(N * 2, "local", 12, 0), workdir=str(tmp_path / "run"),
-                        results=str(results), command="cmd", log=lambda *_: None)
+                        results=str(results), command="cmd", log=lines.append)
+    (valid,) = [m for m in lines if ": valid " in m]  # the evaluation's log line shows named rates, not sums
+    assert re.fullmatch(r"step \d+: valid accuracy=[0-9.]+ seq_accuracy=[0-9.]+ loss=[0-9.]+", valid), valid
     assert row["steps"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["valid_loss"])
     fractions = [b["fraction"] for b in row["accuracy_by_distance"].values()]
     assert sum(fractions) == pytest.approx(1.0)
