@@ -96,9 +96,15 @@ def _environment(error: BaseException) -> BaseException | None:
 
 
 def _prog_of(module_globals: dict) -> str:
+    """"python -m <module>" for the script's module, or for the package the user ran when that package's
+    `__main__` runs the module (`python -m experiments.lm` runs experiments.lm.train: usage names the former)."""
     spec = module_globals.get("__spec__")  # run as `python -m pkg.mod`, __name__ is "__main__"
-    name = spec.name if spec is not None else module_globals.get("__name__", "")
-    return "python -m " + name.removesuffix(".__main__")
+    name = (spec.name if spec is not None else module_globals.get("__name__", "")).removesuffix(".__main__")
+    run = getattr(sys.modules.get("__main__"), "__spec__", None)
+    invoked = run.name.removesuffix(".__main__") if run is not None else None
+    if invoked and name.startswith(invoked + "."):
+        name = invoked
+    return "python -m " + name
 
 
 def _prog(main) -> str:

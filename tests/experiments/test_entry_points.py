@@ -156,3 +156,19 @@ def test_a_full_disk_is_one_line_even_when_a_library_wraps_it(capsys):
 
     with pytest.raises(RuntimeError, match="a bug"):
         buggy([])
+
+
+def test_usage_names_the_package_the_user_ran(monkeypatch):
+    """`python -m experiments.lm` runs experiments.lm.train: its usage and errors name experiments.lm."""
+    import importlib.machinery
+    import types
+
+    from sparse_attn.studies import cli
+
+    fake = types.ModuleType("__main__")
+    fake.__spec__ = importlib.machinery.ModuleSpec("experiments.lm.__main__", None)
+    monkeypatch.setitem(sys.modules, "__main__", fake)
+    train = {"__spec__": importlib.machinery.ModuleSpec("experiments.lm.train", None)}
+    assert cli._prog_of(train) == "python -m experiments.lm"
+    other = {"__spec__": importlib.machinery.ModuleSpec("experiments.evaluate", None)}
+    assert cli._prog_of(other) == "python -m experiments.evaluate"
