@@ -17,7 +17,8 @@ step, tokens/s and every layer's statistics. `--results FILE` also appends the r
 grid, `experiments/classification/grid.py`, and the report, `experiments/reports/results.py`, read those). The
 "valid" records of `metrics.jsonl` are batch means of sums (`correct`, `count`, ...): accuracy = correct / count.
 
-Writes: the workdir (metrics.jsonl, checkpoints/, result.json); with --results, one JSON line there.
+Writes: the workdir (metrics.jsonl, checkpoints/, result.json, loss_curves.png, accuracy.png); with --results, one
+JSON line there.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from sparse_attn.data.tasks import eval_batches
 from sparse_attn.models import TransformerClassifier
 from sparse_attn.studies import classification as cm
 from sparse_attn.studies import cli
+from sparse_attn.studies.curves import plot_run
 from sparse_attn.studies import warm_start as rws
 from sparse_attn.studies.mechanisms import mechanism_names
 from sparse_attn.studies.overrides import apply_overrides
@@ -115,6 +117,10 @@ def train_and_evaluate(config: ClassifyConfig, workdir: str, log=print, allowed_
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "result.json"), "w") as f:
             json.dump(row, f, indent=1)
+        rate = lambda r: r["correct"] / r["count"] if r.get("count") else None  # noqa: E731
+        plot_run(workdir, train=lambda r: None, valid=rate, ylabel="validation accuracy", name="accuracy.png")
+        plot_run(workdir, train=lambda r: r.get("loss"), valid=lambda r: r["nll_sum"] / r["count"]
+                 if r.get("count") else None, ylabel="loss (nats)")  # fmt: skip
     return row
 
 

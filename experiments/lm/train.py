@@ -32,10 +32,11 @@ from experiments.lm.configs import CONFIGS, LMConfig, attention_by_name
 from sparse_attn.data import RandomWindows, TextSource, eval_batches
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
+from sparse_attn.studies.curves import plot_run
 from sparse_attn.studies.lm import corpus_fingerprint, eval_fn, loss_fn
 from sparse_attn.studies.mechanisms import mechanism_names, parse_names
 from sparse_attn.studies.overrides import apply_overrides
-from sparse_attn.train import distributed, read_metrics
+from sparse_attn.train import distributed
 from sparse_attn.train import train_and_evaluate as train_loop
 
 # ---------------------------------------------------------------------------------------------- model and loss
@@ -80,22 +81,8 @@ def train_and_evaluate(config: LMConfig, workdir: str, log=print, allowed_change
 
 def plot_loss_curves(workdir: str) -> str:
     """Train and validation bits per byte against step, as `<workdir>/loss_curves.png`."""
-    import matplotlib  # noqa: PLC0415 — only the summary needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    train, valid = read_metrics(workdir, "train"), read_metrics(workdir, "valid")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(list(train), [r["bits_per_byte"] for r in train.values()], lw=0.8, label="train")
-    ax.plot(list(valid), [r["bits_per_byte"] for r in valid.values()], "o-", label="validation")
-    ax.set(xlabel="step", ylabel="bits per byte", title=os.path.basename(os.path.abspath(workdir)))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = os.path.join(workdir, "loss_curves.png")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    bpb = lambda r: r.get("bits_per_byte")  # noqa: E731
+    return plot_run(workdir, train=bpb, valid=bpb, ylabel="bits per byte")
 
 
 def print_summary(summary: dict) -> None:

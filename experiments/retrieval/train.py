@@ -14,7 +14,8 @@ experiments/results/retrieval.jsonl): accuracy per answer, per distance bucket (
 sequence (every answer right), validation loss, keys per query per layer, tokens/s, peak train-step memory,
 the command and the git commit.
 
-Writes: the workdir (metrics.jsonl, checkpoints/); one JSON line per finished run in --results; --plot PNG.
+Writes: the workdir (metrics.jsonl, checkpoints/, result.json, loss_curves.png); one JSON line per finished run
+in --results; --plot PNG.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from experiments.retrieval.configs import GRIDS, SETUPS, Setup
 from sparse_attn.data.tasks import AssociativeRecall, Passkey, TaskBatches, eval_batches
 from sparse_attn.models import TransformerConfig, TransformerLM
 from sparse_attn.studies import cli
+from sparse_attn.studies.curves import plot_run
 from sparse_attn.studies.budget import (
     attention_for_budget,
     budget_names,
@@ -177,6 +179,11 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command, "commit": git_commit(), "workdir": workdir,
     }
+    if jax.process_index() == 0:  # the run's own summary and curves, beside its checkpoints
+        with open(os.path.join(workdir, "result.json"), "w") as f:
+            json.dump(row, f, indent=1)
+        plot_run(workdir, train=lambda r: r.get("loss"), valid=lambda r: r["nll_sum"] / r["count"]
+                 if r.get("count") else None, ylabel="answer loss (nats)")  # fmt: skip
     if results and jax.process_index() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
         with open(results, "a") as f:

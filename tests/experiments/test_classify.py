@@ -82,6 +82,8 @@ def test_cli_digits_dense_appends_a_result_line(tmp_path):
     row = classify.main(argv)
     traces = [f for _, _, files in os.walk(tmp_path / "run" / "profile") for f in files if f.endswith(".xplane.pb")]
     assert traces, "no jax.profiler trace under <workdir>/profile"
+    for name in ("result.json", "loss_curves.png", "accuracy.png"):  # a run leaves its summary and curves
+        assert (tmp_path / "run" / name).stat().st_size > 0, name
     _check_row(row, task="digits", attention="dense")
     assert row["layers"][0]["attn_vs_dense"] == pytest.approx(1.0)
     (line,) = results.read_text().splitlines()
