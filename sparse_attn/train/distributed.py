@@ -14,6 +14,7 @@ Every process runs the same program; each feeds its own rows of the global batch
 from __future__ import annotations
 
 import jax
+from jax.experimental import multihost_utils
 
 
 def initialize(coordinator: str | None, num_processes: int | None = None, process_id: int | None = None,
@@ -29,3 +30,15 @@ def initialize(coordinator: str | None, num_processes: int | None = None, proces
     jax.distributed.initialize(
         coordinator, num_processes=num_processes, process_id=process_id, initialization_timeout=timeout_s
     )
+
+
+def preemption_point(step: int) -> bool:
+    """Whether every process should save and stop after `step`: JAX's preemption notifier catches SIGTERM on any
+    host, and all processes agree on the first step they have not all passed (called by every process at every
+    step). False when the runtime has no preemption sync manager (a multi-process run started outside
+    `jax.distributed.initialize`)."""
+    from jax._src import distributed as jax_distributed  # noqa: PLC0415  (where JAX keeps the manager)
+
+    if getattr(jax_distributed.global_state, "preemption_sync_manager", None) is None:
+        return False
+    return multihost_utils.reached_preemption_sync_point(step)

@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sparse_attn.train import checkpoint, guard, profiler, reporting, run_config, workdir_lock
+from sparse_attn.train import checkpoint, distributed, guard, profiler, reporting, run_config, workdir_lock
 from sparse_attn.train import mesh as mesh_lib
 from sparse_attn.train import state as state_lib
 from sparse_attn.train import step as step_lib
@@ -224,9 +224,10 @@ def train_and_evaluate(
         writer = reporting.MetricsWriter(workdir, enabled=is_main, tensorboard=config.tensorboard)
         progress = None
         tracing = False
-        # SIGTERM only for a single process: processes stopping at different steps would hang in collectives.
-        interrupt = DeferredInterrupt(signals=(signal.SIGINT, signal.SIGTERM) if jax.process_count() == 1
-                                      else (signal.SIGINT,))
+        # SIGTERM: a single process handles it itself; with several, JAX's preemption notifier catches it on any
+        # host and `preemption_point` stops every process after the same step (no process left in a collective).
+        multi = jax.process_count() > 1
+        interrupt = DeferredInterrupt(signals=(signal.SIGINT,) if multi else (signal.SIGINT, signal.SIGTERM))
         try:
             # ---------------------------------------------------------- compile; report before step 0
             batch = None
@@ -270,6 +271,8 @@ def train_and_evaluate(
                     shown = eval_summary(eval_metrics) if eval_summary is not None else eval_metrics
                     msg = f"step {step}: valid " + " ".join(f"{k}={float(v):.4f}" for k, v in shown.items())
                     progress.log(info, msg)
+                if multi and distributed.preemption_point(step):
+                    interrupt.requested = signal.SIGTERM
             flush(keep_last=False)
             if interrupt.requested is not None:
                 # Keep the work done so far: the last dispatched state, checked above, then saved.

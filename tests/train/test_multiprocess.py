@@ -1,8 +1,12 @@
 """Two JAX processes on localhost (jax.distributed, gloo) train like one process with 2 devices."""
 
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
+import time
 
 import numpy as np
 import train_harness as tiny
@@ -47,3 +51,49 @@ def test_two_processes_match_one_process_with_two_devices(tmp_path):
     assert len(multi_losses) == num_steps
     np.testing.assert_allclose(multi_losses, single_losses, rtol=0, atol=ATOL)
     np.testing.assert_allclose(results[0]["eval"]["nll"], single["eval"]["nll"], rtol=0, atol=ATOL)
+
+
+def _two_processes(workdir, num_steps, *extra, coordinator=None):
+    coordinator = coordinator or f"127.0.0.1:{_free_port()}"
+    return [
+        subprocess.Popen(
+            ["timeout", "-s", "KILL", "150",
+             *tiny.script_command(workdir, num_steps, "--coordinator", coordinator, "--num_processes", 2,
+                                  "--process_id", i, *extra)],
+            env=tiny.script_env(JAX_NUM_CPU_DEVICES=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+
+
+def test_sigterm_on_one_host_stops_every_process_after_the_same_saved_step(tmp_path):
+    """Preemption of one host: JAX's notifier catches the SIGTERM, every process saves the same step and exits
+    143 (`Terminated`); both resume from it and continue exactly as one uninterrupted run."""
+    workdir = str(tmp_path / "multi")
+    # A constant learning rate after warm-up: the cut run (100000 steps planned) and the resumed one (a few more)
+    # follow the same schedule as the reference.
+    flags = ("--checkpoint_every", 1000, "--end_lr_fraction", 1.0)
+    procs = _two_processes(workdir, 100000, *flags)
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.monotonic() + 120
+    while not (os.path.exists(metrics) and len(read_metrics(workdir)) >= 10):  # training, past compilation
+        assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)  # one host only
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], [err[-2000:] for _, err in outs]
+    stop = re.search(r"interrupted by SIGTERM after step (\d+)", outs[0][1])  # process 0 speaks for the run
+    assert stop, outs[0][1][-2000:]
+    saved = int(stop.group(1))
+    assert 10 <= saved < 100000
+    steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert steps[-1] == saved, steps  # the step both processes wrote (an orbax save needs every process)
+
+    resumed = _two_processes(workdir, saved + 4, *flags, "--allow_change", "train.num_steps")
+    outs = [p.communicate(timeout=180) for p in resumed]
+    assert [p.returncode for p in resumed] == [0, 0], [err[-2000:] for _, err in outs]
+    single = str(tmp_path / "single")
+    tiny.run(single, tiny.config(num_devices=2, num_steps=saved + 4, checkpoint_every=1000, end_lr_fraction=1.0))
+    got = {s: r["loss"] for s, r in read_metrics(workdir).items() if s > saved}
+    want = {s: r["loss"] for s, r in read_metrics(single).items() if s > saved}
+    assert sorted(got) == list(range(saved + 1, saved + 5))
+    np.testing.assert_allclose([got[s] for s in sorted(got)], [want[s] for s in sorted(want)], rtol=0, atol=ATOL)

@@ -2,7 +2,7 @@
 
 Also runnable as a script (subprocess tests: kill/resume, multi-process):
     python tests/train/train_harness.py WORKDIR NUM_STEPS [--kill_at STEP] [--break_checkpoints_at STEP]
-        [--hang_on_save] [--coordinator ADDR --num_processes N --process_id I]
+        [--hang_on_save] [--coordinator ADDR --num_processes N --process_id I] [--allow_change FIELD]
 """
 
 from __future__ import annotations
@@ -186,6 +186,9 @@ if __name__ == "__main__":
     parser.add_argument("--coordinator")
     parser.add_argument("--num_processes", type=int)
     parser.add_argument("--process_id", type=int)
+    parser.add_argument("--allow_change", action="append", default=[])
+    parser.add_argument("--end_lr_fraction", type=float, default=0.1, help="1: a learning rate independent of "
+                        "num_steps after warm-up (runs of different lengths share their first steps)")
     args = parser.parse_args()
     if args.coordinator:
         jax.config.update("jax_num_cpu_devices", 1)
@@ -197,7 +200,9 @@ if __name__ == "__main__":
             return BreakCheckpointsAt(it, args.break_checkpoints_at, args.workdir)
         return HangOnSave(it) if args.hang_on_save else it
 
-    summary = run(args.workdir, config(num_steps=args.num_steps, checkpoint_every=args.checkpoint_every),
-                  log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at, wrap_iter=wrap)
+    summary = run(args.workdir, config(num_steps=args.num_steps, checkpoint_every=args.checkpoint_every,
+                                       end_lr_fraction=args.end_lr_fraction),
+                  log=lambda msg: print(msg, file=sys.stderr, flush=True), kill_at=args.kill_at, wrap_iter=wrap,
+                  allowed_changes=args.allow_change)
     print(json.dumps({"process": jax.process_index(), "eval": summary["eval"], "train": summary["train"]}),
           flush=True)
