@@ -1,6 +1,6 @@
-"""Every library the package declares is used: the core dependencies and the data/tensorboard/tasks extras are
-imported by the library or the experiments, the test extra's libraries by the tests or the code they exercise; the accelerator extras install
-jax itself, at the core pin."""
+"""Every library the package declares is used: the core dependencies and the data/tensorboard/tasks extras are imported
+by the library or the experiments, the test extra's libraries by the tests or the code they exercise; the
+accelerator extras install jax itself, at the core pin."""
 
 import json
 import os

@@ -12,9 +12,9 @@ bounds, no block lists) and its 128-token block lists (`BlockLayout.from_interva
 Peak memory is the build's compiled memory (XLA memory analysis: temp + arguments + outputs), checked to stay below
 an n x n bool array (n^2 bytes) wherever n^2 exceeds 4 exhaustive-classification chunks
 (`mask_pattern.CHUNK_ELEMENTS`, about 2 of which are live at once).
-Part 2, fwd+bwd at `--n` on the `--impl` executor ("xla" or "pallas"), side by side in one run: the causal window, causal and document
-masks as mask functions and as hand-built `Intervals` (`sliding_window`, `causal`, `document_mask`), and dense
-causal `jax.nn.dot_product_attention`; speedups and memory ratios against dense.
+Part 2, fwd+bwd at `--n` on the `--impl` executor ("xla" or "pallas"), side by side in one run: the causal window,
+causal and document masks as mask functions and as hand-built `Intervals` (`sliding_window`, `causal`,
+`document_mask`), and dense causal `jax.nn.dot_product_attention`; speedups and memory ratios against dense.
 
 Writes: experiments/results/bench_mask_fn.{md,json}.
 """

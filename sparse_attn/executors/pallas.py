@@ -1,9 +1,10 @@
 """The "pallas" executor of `Intervals`, `BlockLayout` and `MaskFnPattern`: the Pallas block-sparse flash kernels
-(`sparse_attn.kernels`: Triton for GPU, Mosaic for TPU, interpret mode on CPU) wrapped as an executor. Metadata (built here, or once by
-`prepare_pallas` through `sparse_attn.prepare`), padding, `jax.custom_vjp` around the kernels, global rows; the
-default on GPU/TPU (XLA stays the CPU default). `implementation="pallas"` on CPU runs the Triton kernels with
-`interpret=True` (see `KernelConfig`). Neighbour lists have no kernel (docs/kernels.md, "Decisions").
-`executors/labels/pallas.py` runs label attention's `LabelPattern` through the same kernels ("bucketed_pallas").
+(`sparse_attn.kernels`: Triton for GPU, Mosaic for TPU, interpret mode on CPU) wrapped as an executor. Metadata
+(built here, or once by `prepare_pallas` through `sparse_attn.prepare`), padding, `jax.custom_vjp` around the
+kernels, global rows; the default on GPU/TPU (XLA stays the CPU default). `implementation="pallas"` on CPU runs the
+Triton kernels with `interpret=True` (see `KernelConfig`). Neighbour lists have no kernel (docs/kernels.md,
+"Decisions"). `executors/labels/pallas.py` runs label attention's `LabelPattern` through the same kernels
+("bucketed_pallas").
 
 Global query rows (Longformer/BigBird "attend everything" rows) are not computed in the kernels: the tile lists are
 built with `global_rows=False` and the XLA executor's dense pass over at most `max_global` rows per sequence
@@ -136,12 +137,12 @@ def mask_fn_pallas_attention(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, pattern: MaskFnPat
         need = "powers of two >= 16 (Triton)" if cfg.backend == "triton" else "multiples of 128 (Mosaic)"
         raise ValueError(f"the pallas executor runs a MaskFnPattern's blocks as its tiles, which must be {need}: got "
                          f"block_size ({bq}, {bk}) (from_mask_fn(..., block_size=...))")  # fmt: skip
-    lead = jnp.broadcast_shapes(pattern.block_state.shape[:2], (1, 1))
-    lists, masks, overflow = element_masks.lists_and_masks(pattern, lead)
+    lists, masks, overflow = element_masks.lists_and_masks(pattern, pattern.block_state.shape[:2])
     nqb, nkb = pattern.block_state.shape[2:]
     caps = None
     if cfg.backend == "mosaic":  # merged list widths: (forward, transposed) for the forward and the backward
-        caps = (lists.kv_idx.shape[-1] + lists.full_idx.shape[-1], lists.q_idx.shape[-1] + lists.full_q_idx.shape[-1]) * 2
+        widths = (lists.kv_idx, lists.full_idx), (lists.q_idx, lists.full_q_idx)
+        caps = tuple(a.shape[-1] + b.shape[-1] for a, b in widths) * 2
     run = _Run(cfg, (nq, nk), (nqb * bq, nkb * bk), scale, score_fn, (bq, bk), mask_fn_xla_attention)
     out, lse = run(q_BxNxHxD, k_BxMxGxD, v_BxMxGxD, masks, lists, lists, pattern, caps)
     rows = jnp.repeat(jnp.broadcast_to(overflow, (b, h, nqb)), bq, axis=-1)[..., :nq].transpose(0, 2, 1)

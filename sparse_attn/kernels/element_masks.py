@@ -66,13 +66,14 @@ def lists_and_masks(pattern: MaskFnPattern, lead: tuple[int, int]) -> tuple[Tile
 
     bm, hm, nqb, width = kv_idx.shape
     rows = jnp.arange(bm * hm, dtype=jnp.int32).reshape(bm, hm, 1, 1) * nqb
-    fwd_slot = (rows + jnp.arange(nqb, dtype=jnp.int32).reshape(1, 1, -1, 1)) * width + jnp.arange(width).reshape(1, 1, 1, -1)
+    qb = jnp.arange(nqb, dtype=jnp.int32).reshape(1, 1, -1, 1)
+    fwd_slot = (rows + qb) * width + jnp.arange(width, dtype=jnp.int32).reshape(1, 1, 1, -1)
     # A transposed partial entry (key block kb, query block qb) reads the forward tile of qb's slot holding kb: its
     # rank among qb's partial blocks.
     rank = jnp.cumsum(state == PARTIAL, axis=-1, dtype=jnp.int32) - 1  # [Bm, Hm, Qb, Kb]
     slot = jnp.take_along_axis(jnp.swapaxes(rank, -1, -2), q_idx, axis=-1)  # [Bm, Hm, Kb, Cq]
     bwd_slot = (rows + q_idx) * width + jnp.clip(slot, 0, width - 1)
-    return lists, ElementMasks(_tiles(pattern, lead, kv_idx, kv_count), fwd_slot, bwd_slot), overflow
+    return lists, ElementMasks(_tiles(pattern, kv_idx, kv_count), fwd_slot, bwd_slot), overflow
 
 
 def _width(flags) -> int:
@@ -88,7 +89,7 @@ def _at_least_one(idx):
     return idx if idx.shape[-1] else jnp.zeros(idx.shape[:-1] + (1,), jnp.int32)
 
 
-def _tiles(pattern: MaskFnPattern, lead, kv_idx, kv_count) -> jax.Array:
+def _tiles(pattern: MaskFnPattern, kv_idx, kv_count) -> jax.Array:
     """int8[Bm * Hm * Qb * C, bq, bk]: the predicate on every listed partial tile (unused slots 0)."""
     bm, hm, nqb, width = kv_idx.shape
     bq, bk = pattern.block_q, pattern.block_k

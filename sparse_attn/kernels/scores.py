@@ -73,8 +73,8 @@ def apply(score: KernelScore, buffer_refs, s, b, h, q_pos, k_pos, *, transposed:
     tile = (s.shape[1], s.shape[0]) if transposed else s.shape
     closed = _trace(score.fn, tile, transposed=transposed)
     if len(closed.consts) != score.num_buffers:
-        raise ValueError(f"score_fn closes over {len(closed.consts)} arrays at tile shape {tile}, "
-                         f"{score.num_buffers} at the first trace: it must read the same arrays for every shape")  # fmt: skip
+        raise ValueError(f"score_fn closes over {len(closed.consts)} arrays at tile shape {tile}, {score.num_buffers} "
+                         f"at the first trace: it must read the same arrays for every shape")  # fmt: skip
     refs = [_Ref(r, shape) for r, shape in zip(buffer_refs, score.shapes, strict=True)]
 
     def run(s_):
@@ -167,11 +167,11 @@ def _gather(buf: _Ref, indices, params):
     """An element gather (`buf[i, j]` with index arrays): one ref read with clamped index arrays."""
     dn = params["dimension_numbers"]
     rank = len(buf.shape)
-    element = (not dn.offset_dims and not dn.operand_batching_dims and sorted(dn.start_index_map) == list(range(rank))
-               and tuple(sorted(dn.collapsed_slice_dims)) == tuple(range(rank)) and set(params["slice_sizes"]) <= {1})  # fmt: skip
+    every_axis = sorted(dn.start_index_map) == list(range(rank)) == sorted(dn.collapsed_slice_dims)
+    element = every_axis and not dn.offset_dims and not dn.operand_batching_dims and set(params["slice_sizes"]) <= {1}
     if not element:
-        raise NotImplementedError(f"score_fn reads a closed-over array of shape {buf.shape} with a gather the kernels "
-                                  f"do not take (only element reads x[i], x[i, j]): use implementation='xla'")  # fmt: skip
+        raise NotImplementedError(f"score_fn reads a closed-over array of shape {buf.shape} with a gather the "
+                                  f"kernels do not take (only element reads x[i], x[i, j]): use implementation='xla'")
     if isinstance(indices, _Columns):
         cols = [jax.lax.squeeze(c, (c.ndim - 1,)) for c in indices.parts]
     else:
