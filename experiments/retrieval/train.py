@@ -128,9 +128,10 @@ def eval_summary(ev: dict) -> dict:
 
 
 def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str | None, command: str = "",
-        log=print, overrides=()) -> dict:
+        log=print, overrides=(), profile_steps=None) -> dict:
     """Train one (task, n, mechanism, budget, seed) run, resuming in `workdir`; append its row to `results`.
-    `overrides`: "field.path=value" items (`studies.overrides`) on `RunConfig`."""
+    `overrides`: "field.path=value" items (`studies.overrides`) on `RunConfig`; `profile_steps`: (a, b), a
+    `jax.profiler` trace of steps a to b in `<workdir>/profile`."""
     if cell.mechanism in EXPLICIT:
         raise ValueError(f"{cell.mechanism}: the retrieval tasks have no anchor token; use abca_fixed")
     setup = SETUPS[config]
@@ -154,6 +155,7 @@ def run(task_name: str, config: str, cell: Cell, *, workdir: str, results: str |
         allowed_changes=("model.attention*.implementation",),
         log=log,
         eval_summary=eval_summary,
+        profile_steps=profile_steps,
     )
     ev = summary["eval"]
     ratio = lambda a, b: float(a) / float(b) if b else None  # noqa: E731
@@ -277,6 +279,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--min_cell_s", type=float, default=30.0, help="start no --grid run with less time left")
     parser.add_argument("--plot", metavar="PNG", help="plot accuracy vs distance of the --results rows of --task, "
                         "--config, --n and --budget (one line per mechanism) to PNG; trains nothing")
+    cli.add_profile_steps(parser)
     cli.add_overrides(parser)
     args = parser.parse_args(argv)
     if args.results is None:
@@ -301,7 +304,7 @@ def main(argv=None) -> dict:
                                            f"{args.task}_n{cell.n}_{cell.mechanism}_k{cell.budget:g}_s{cell.seed}")
     command = "python -m experiments.retrieval " + shlex.join(argv if argv is not None else sys.argv[1:])
     row = run(args.task, args.config, cell, workdir=workdir, results=args.results, command=command,
-              overrides=args.overrides)
+              overrides=args.overrides, profile_steps=args.profile_steps)
     print(json.dumps({k: row[k] for k in ("task", "n", "mechanism", "steps", "accuracy", "seq_accuracy",
                                           "accuracy_by_distance")}))
     return row

@@ -53,11 +53,12 @@ def test_smoke_run_writes_a_row(tmp_path):
     results = tmp_path / "retrieval.jsonl"
     lines = []
     row = retrieval.run("passkey", "smoke", Cell(N * 2, "local", 12, 0), workdir=str(tmp_path / "run"),
-                        results=str(results), command="cmd", log=lines.append)
+                        results=str(results), command="cmd", log=lines.append, profile_steps=(1, 2))
     (valid,) = [m for m in lines if ": valid " in m]  # the evaluation's log line shows named rates, not sums
     assert re.fullmatch(r"step \d+: valid accuracy=[0-9.]+ seq_accuracy=[0-9.]+ loss=[0-9.]+", valid), valid
     for name in ("result.json", "loss_curves.png"):  # a run leaves its summary and curves
         assert (tmp_path / "run" / name).stat().st_size > 0, name
+    assert list((tmp_path / "run" / "profile").rglob("*.xplane.pb")), "no jax.profiler trace"
     assert row["steps"] == 4 and 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["valid_loss"])
     fractions = [b["fraction"] for b in row["accuracy_by_distance"].values()]
     assert sum(fractions) == pytest.approx(1.0)
