@@ -113,7 +113,8 @@ class Progress:
     """tqdm bar with loss and tokens/s; tqdm itself shows step, rate and ETA."""
 
     def __init__(self, *, total: int, initial: int, tokens_per_step: int, enabled: bool):
-        # Not a terminal (a log file, a grid's subprocess): a line every 30 s instead of a redrawn bar.
+        # Not a terminal (a log file, a grid's subprocess): a plain line every 10-30 s (30 s is tqdm's minimum
+        # interval here; its 10 s monitor may refresh sooner: ~15 s on the smoke LM), not a bar redrawn every 0.1 s.
         interval = 0.1 if sys.stderr.isatty() else 30.0
         self._bar = tqdm.tqdm(total=total, initial=initial, disable=not enabled, unit="step",
                               dynamic_ncols=True, smoothing=0.1, mininterval=interval)
