@@ -2,9 +2,10 @@
 
 A mask function cannot run inside a kernel in general (it may gather from its buffers anywhere), so, as splash
 attention stores its partial mask blocks, the predicate is evaluated once per listed partial tile on device and the
-kernels read that tile: int8 [bq, bk] per (batch', head', query block, partial slot), so O(B' H' Qb C bq bk) bytes for
-C partial key blocks per query block (a window of 128-token blocks at n = 128k: about 3 x 16 KiB per query block,
-49 MiB). Full tiles need no mask; dK/dV walk the transposed lists and read the same tiles transposed (`bwd_slot`).
+kernels read that tile: int8 [bq, bk] per (batch', head', query block, partial slot), so O(B' H' Qb C bq bk) bytes
+for C partial key blocks per query block (a causal window of radius 128 or 256 in 128-token blocks has C = 2: 32 MiB
+at n = 131072, by count). Full tiles need no mask; dK/dV walk the transposed lists and read the same tiles
+transposed (`bwd_slot`).
 """
 
 from __future__ import annotations
